@@ -1,0 +1,97 @@
+"""Runs the chosen components in this process: the same objects the CLI and the tests use."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from types import TracebackType
+
+import asyncpg
+
+from saga_coordinator.coordinator import Coordinator
+from saga_coordinator.intake import Intake
+from saga_coordinator.relay import Relay
+from saga_coordinator.store import Store
+from services.adapter import Adapter
+from shared.bus import Bus
+from shared.catalog import Catalog, load_catalog
+from shared.config import Settings
+from shared.topology import SERVICES
+
+log = logging.getLogger(__name__)
+COMPONENTS: tuple[str, ...] = ("coordinator", *SERVICES)
+
+
+class Stack:
+    """``async with Stack(settings, ["all"]) as stack: await stack.wait()``"""
+
+    def __init__(self, settings: Settings, components: Iterable[str] = ("all",)) -> None:
+        chosen = set(components)
+        if "all" in chosen:
+            chosen = set(COMPONENTS)
+        unknown = chosen - set(COMPONENTS)
+        if unknown:
+            raise ValueError(f"unknown component(s) {sorted(unknown)}; choose from {COMPONENTS}")
+        self.settings = settings
+        self.components = [c for c in COMPONENTS if c in chosen]
+        self.catalog: Catalog = load_catalog(settings.catalog_file)
+        self.bus = Bus(settings)
+        self._pool: asyncpg.Pool | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        if self._pool is None:
+            raise RuntimeError("Stack is not started")
+        return self._pool
+
+    @property
+    def store(self) -> Store:
+        return Store(self.pool)
+
+    async def __aenter__(self) -> Stack:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        self._pool = await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=10)
+        await self.bus.connect()
+        await self.bus.declare()
+        store = Store(self._pool)
+        runners = []
+        if "coordinator" in self.components:
+            runners.append(("intake", Intake(self.settings, self.catalog, self.bus, store).run()))
+            coordinator = Coordinator(self.settings, self.catalog, self.bus, store)
+            runners.append(("coordinator", coordinator.run()))
+            runners.append(("relay", Relay(self.settings, self._pool, self.bus).run()))
+        for service in SERVICES:
+            if service in self.components:
+                adapter = Adapter(service, self.settings, self.catalog, self.bus, self._pool)
+                runners.append((service, adapter.run()))
+        self._tasks = [asyncio.create_task(coro, name=name) for name, coro in runners]
+        log.info("started %s", ", ".join(self.components))
+
+    async def wait(self) -> None:
+        """Return when any component stops (it should not): its error is raised here."""
+        done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        results = await asyncio.gather(*self._tasks, return_exceptions=True)
+        for task, result in zip(self._tasks, results, strict=True):
+            if isinstance(result, Exception):
+                log.error("%s stopped with %r", task.get_name(), result)
+        self._tasks = []
+        await self.bus.close()
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None

@@ -1,0 +1,71 @@
+"""The intake, where the gateway stands: every agent command is validated here (schema, catalog,
+plan rules) before it reaches the order's partition. A refusal is recorded, answered with a
+``command.rejected`` reply naming the rule, and goes no further."""
+
+from __future__ import annotations
+
+import logging
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from saga_coordinator.store import Store
+from shared.bus import Bus
+from shared.catalog import Catalog
+from shared.codec import COMMANDS, decode_incoming, peek
+from shared.config import Settings
+from shared.errors import InvalidMessage, PlanRejected
+from shared.gateway import admit
+from shared.messages import CommandReply, StartSaga
+
+log = logging.getLogger(__name__)
+
+
+class Intake:
+    def __init__(self, settings: Settings, catalog: Catalog, bus: Bus, store: Store) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.bus = bus
+        self.store = store
+
+    async def handle(self, delivery: AbstractIncomingMessage) -> None:
+        try:
+            command = decode_incoming(delivery, COMMANDS, self.settings.max_message_bytes)
+            if isinstance(command, StartSaga):
+                admit(self.catalog, command)
+        except InvalidMessage as exc:
+            await self._refuse(delivery.body, "invalid_message", exc.reason)
+            return
+        except PlanRejected as exc:
+            await self._refuse(delivery.body, exc.rule, str(exc))
+            return
+        # The partition keeps the message id, so a re-forwarded duplicate (crash before the ack
+        # below) is absorbed by the coordinator's inbox.
+        await self.bus.to_partition(command)
+
+    async def _refuse(self, body: bytes, rule: str, reason: str) -> None:
+        ids = peek(body)
+        log.warning("refused command %s (%s): %s", ids["message_id"], rule, reason)
+        await self.store.record_rejection(ids=ids, rule=rule, reason=reason, body=body)
+        reply_to = ids["reply_to"]
+        if reply_to is None:
+            return
+        reply = CommandReply(
+            type="command.rejected",
+            saga_id=ids["saga_id"] or "unknown",
+            order_id=ids["order_id"] or "unknown",
+            command_id=ids["message_id"] or "unknown",
+            command_type=ids["type"] or "unknown",
+            reason=reason,
+        )
+        try:
+            await self.bus.publish("", reply_to, reply)
+        except Exception:  # the agent's reply queue is gone; the rejection is recorded anyway
+            log.warning("could not reply to %s", reply_to, exc_info=True)
+
+    async def run(self) -> None:
+        await self.bus.consume(
+            self.bus.topology.intake_queue,
+            self.handle,
+            prefetch=self.settings.partition_prefetch,
+            mode="sequential",
+        )

@@ -1,0 +1,111 @@
+"""The register: the durable record of one saga and each of its actions.
+
+Stored as JSON in ``sagas.state``; read by operators (``saga show``) and carried by alerts. The
+admitted plan is snapshotted into each step so that a catalog edit never alters a running saga.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, JsonValue
+
+from shared.catalog import ActionClass
+
+SagaStatus = Literal["running", "compensating", "completed", "compensated", "needs_human"]
+StepStatus = Literal[
+    "pending", "running", "done", "failed", "compensated", "compensation_failed", "skipped"
+]
+# none: nothing to undo (never landed, or read-only); pending/running/compensated/failed: the
+# compensation's own lifecycle; impossible: an irreversible action that landed.
+CompensationStatus = Literal["none", "pending", "running", "compensated", "failed", "impossible"]
+
+TERMINAL: frozenset[str] = frozenset({"completed", "compensated"})
+ACTIVE: frozenset[str] = frozenset({"running", "compensating"})
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Step(_Frozen):
+    index: int
+    action: str
+    action_class: ActionClass
+    params: dict[str, JsonValue]
+    timeout_s: float
+    result_fields: tuple[str, ...] = ()
+    compensation: str | None = None
+    compensation_timeout_s: float = 10.0
+    residue: str = ""
+
+    status: StepStatus = "pending"
+    attempts: int = 0
+    result: dict[str, JsonValue] | None = None
+    error: str | None = None
+    effect_unknown: bool = False
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    # Position in the order in which steps landed: compensation runs in reverse of it.
+    landed_seq: int | None = None
+
+    compensation_status: CompensationStatus = "none"
+    compensation_attempts: int = 0
+    # Bumped by each resume: a stored failure is final for its idempotency key, so a retry that
+    # a person asked for needs a fresh key (the compensation itself is idempotent by nature).
+    compensation_round: int = 0
+    compensation_result: dict[str, JsonValue] | None = None
+    compensation_error: str | None = None
+    compensated_at: datetime | None = None
+
+    @property
+    def may_have_landed(self) -> bool:
+        return self.status in ("done", "compensated", "compensation_failed") or (
+            self.status == "failed" and self.effect_unknown
+        )
+
+
+class Decision(_Frozen):
+    """Who decided what, for the register (resumes, aborts)."""
+
+    kind: str
+    note: str
+    at: datetime
+
+
+class SagaState(_Frozen):
+    saga_id: str
+    order_id: str
+    saga: str
+    status: SagaStatus
+    steps: tuple[Step, ...]
+    compensation_priority: tuple[str, ...] = ()
+    reason: str | None = None  # why it compensates: the failure or the abort
+    needs_human_reason: str | None = None  # why it stopped; cleared by resume
+    landed_count: int = 0
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = None
+    decisions: tuple[Decision, ...] = ()
+
+    def step(self, index: int) -> Step | None:
+        return self.steps[index] if 0 <= index < len(self.steps) else None
+
+    def with_step(self, step: Step, **changes: Any) -> SagaState:
+        steps = list(self.steps)
+        steps[step.index] = step
+        return self.model_copy(update={"steps": tuple(steps), **changes})
+
+    def register(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def forward_key(saga_id: str, action: str) -> str:
+    return f"{saga_id}:{action}"
+
+
+def compensation_key(saga_id: str, step: Step) -> str:
+    assert step.compensation is not None
+    base = f"{saga_id}:{step.compensation}"
+    return base if step.compensation_round == 0 else f"{base}:resume-{step.compensation_round}"

@@ -1,0 +1,84 @@
+"""The outbox relay: publishes committed outgoing messages in id order, with confirms.
+
+One relay publishes at a time (a transaction-scoped advisory lock), so several coordinator
+processes never reorder one order's messages. A row is deleted only after its confirm; a crash in
+between republishes it, and the receivers absorb the duplicate by message id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import asyncpg
+
+from saga_coordinator.store import RELAY_LOCK, TRANSIENT_DB_ERRORS, Q
+from shared.bus import Bus
+from shared.codec import to_amqp
+from shared.config import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Relay:
+    def __init__(self, settings: Settings, pool: asyncpg.Pool, bus: Bus) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.bus = bus
+        self._wake = asyncio.Event()
+
+    def _on_notify(self, *_: Any) -> None:
+        self._wake.set()
+
+    async def flush_once(self) -> int:
+        async with self.pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval(Q.outbox_lock, RELAY_LOCK):
+                return 0
+            rows = await conn.fetch(Q.outbox_batch, self.settings.relay_batch)
+            for row in rows:
+                message = to_amqp(
+                    row["body"],
+                    message_id=row["message_id"],
+                    message_type=row["message_type"],
+                    order_id=row["order_id"],
+                )
+                await self.bus.publish_raw(row["exchange"], row["routing_key"], message)
+            if rows:
+                await conn.execute(Q.outbox_delete, [r["id"] for r in rows])
+            return len(rows)
+
+    async def run(self) -> None:
+        listener: asyncpg.Connection | None = None
+        try:
+            listener = await asyncpg.connect(self.settings.database_url)
+            await listener.add_listener("saga_outbox", self._on_notify)
+        except TRANSIENT_DB_ERRORS:
+            log.warning("outbox relay: no LISTEN connection, polling only", exc_info=True)
+        try:
+            await self._loop()
+        finally:
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    await listener.close()
+
+    async def _loop(self) -> None:
+        backoff = 0.1
+        while True:
+            self._wake.clear()
+            try:
+                sent = await self.flush_once()
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning(
+                    "outbox relay: publish failed, retrying in %.1fs", backoff, exc_info=True
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            if sent < self.settings.relay_batch:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.settings.relay_poll_s)

@@ -1,0 +1,123 @@
+"""The adapter of one service: consume its action requests, call the system, report the outcome.
+
+Per request: call the simulated system with the request's idempotency key, retry transient
+failures with bounded exponential backoff, publish ``done`` or ``failed`` into the order's
+partition, and only then let the delivery be acked. A redelivered request is harmless: the system
+returns the stored outcome and the outcome message has the same id, which the coordinator's inbox
+absorbs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+from aio_pika.abc import AbstractIncomingMessage
+from aio_pika.exceptions import AMQPError
+from pydantic import TypeAdapter
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from services.errors import TransientFailure
+from services.outcome import Verdict, build_outcome
+from services.registry import system_for
+from services.simulated import Stored
+from shared.bus import Bus
+from shared.catalog import Catalog
+from shared.codec import decode_incoming
+from shared.config import Settings
+from shared.errors import RetryLater
+from shared.messages import ActionDone, ActionFailed, ActionRequest
+
+log = logging.getLogger(__name__)
+
+_REQUEST: TypeAdapter[ActionRequest] = TypeAdapter(ActionRequest)
+# The database being unreachable says nothing about the action: hold the message and retry it
+# rather than report a failure (or burn the call's retries).
+DATABASE_DOWN: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.exceptions.PostgresConnectionError,
+    asyncpg.InterfaceError,
+)
+
+
+class Adapter:
+    def __init__(
+        self, service: str, settings: Settings, catalog: Catalog, bus: Bus, pool: asyncpg.Pool
+    ) -> None:
+        self.service = service
+        self.system = system_for(service)
+        self.settings = settings
+        self.catalog = catalog
+        self.bus = bus
+        self.pool = pool
+
+    async def run(self) -> None:
+        """Consume this service's action queue until cancelled. Requests of different orders are
+        independent, so they are handled concurrently."""
+        queue = self.bus.topology.action_queue(self.service)
+        log.info("adapter %s consuming %s", self.service, queue)
+        await self.bus.consume(
+            queue, self.handle, prefetch=self.settings.adapter_prefetch, mode="concurrent"
+        )
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        req = decode_incoming(message, _REQUEST, self.settings.max_message_bytes)
+        outcome = await self.perform(req)
+        try:
+            await self.bus.to_partition(outcome)
+        except (AMQPError, ConnectionError, TimeoutError) as exc:
+            # Not confirmed: requeue the request; its stored outcome is published next time.
+            raise RetryLater(f"outcome of {req.idempotency_key} not confirmed: {exc!r}") from exc
+        log.info(
+            "%s saga=%s order=%s key=%s attempt=%d -> %s after %d tries%s",
+            req.action,
+            req.saga_id,
+            req.order_id,
+            req.idempotency_key,
+            req.attempt,
+            outcome.type,
+            outcome.tries,
+            f": {outcome.reason}" if isinstance(outcome, ActionFailed) else "",
+        )
+
+    async def perform(self, req: ActionRequest) -> ActionDone | ActionFailed:
+        """Call the system (with retries) and build the outcome to report; no broker I/O."""
+        try:
+            verdict, tries = await self._call_with_retries(req)
+        except DATABASE_DOWN as exc:
+            raise RetryLater(f"database unreachable during {req.action}: {exc!r}") from exc
+        return build_outcome(req, verdict, tries)
+
+    async def _call_with_retries(self, req: ActionRequest) -> tuple[Verdict, int]:
+        policy = self.catalog.retry_policy(req.action)
+        tries = 0
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(policy.attempts),
+            wait=wait_exponential(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s),
+            retry=retry_if_exception_type(TransientFailure),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    tries += 1
+                    stored = await self._call_once(req)
+        except TransientFailure as exc:
+            return exc, tries
+        return stored, tries
+
+    async def _call_once(self, req: ActionRequest) -> Stored:
+        async with self.pool.acquire() as conn:
+            try:
+                return await asyncio.wait_for(self.system.execute_on(conn, req), req.timeout_s)
+            except TimeoutError:
+                # The call may still land (a slow commit): that is what effect_unknown reports.
+                raise TransientFailure(
+                    f"{req.action} gave no answer within {req.timeout_s:g}s"
+                ) from None

@@ -1,0 +1,57 @@
+"""What the simulated systems hold for one order: the ground truth an operator checks a saga
+against ("did the release really happen? was anything applied twice?")."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from services.store import Q, row_dict
+
+Rows = list[dict[str, object]]
+
+_SECTIONS: tuple[tuple[str, str], ...] = (
+    ("reservations", "reservations_for_order"),
+    ("credit_notes", "credit_notes_for_order"),
+    ("charges", "charges_for_order"),
+    ("emails", "emails_for_order"),
+    ("applied", "applied_for_order"),
+)
+
+
+async def effects_for_order(pool: asyncpg.Pool, order_id: str) -> dict[str, Rows]:
+    """Current rows of every simulated table for the order, plus effects applied per key."""
+    async with pool.acquire() as conn, conn.transaction(readonly=True, isolation="repeatable_read"):
+        # One snapshot, so the sections agree with each other.
+        return {
+            section: [row_dict(r) for r in await conn.fetch(getattr(Q, query), order_id)]
+            for section, query in _SECTIONS
+        }
+
+
+def render_effects(effects: dict[str, Rows]) -> str:
+    """A plain-text table per section, for a terminal."""
+    blocks = [_table(section, effects.get(section, [])) for section, _ in _SECTIONS]
+    return "\n\n".join(blocks)
+
+
+def _table(title: str, rows: Rows) -> str:
+    heading = f"{title} ({len(rows)})"
+    if not rows:
+        return f"{heading}\n  (none)"
+    columns = list(rows[0])
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
+
+    def line(values: list[str]) -> str:
+        return "  " + "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()
+
+    rule = "  " + "  ".join("-" * w for w in widths)
+    return "\n".join([heading, line(columns), rule, *(line(c) for c in cells)])
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)

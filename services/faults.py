@@ -1,0 +1,53 @@
+"""Fault injection per action and order: a product feature for rehearsing failures.
+
+"A compensation that has never been exercised is a hope with a function name": a user injects
+``permanent`` (the system refuses) or ``transient:N`` (the next N calls fail, then it works) on any
+action, compensations included, and watches the saga handle it.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from services.registry import all_actions
+from services.store import Q, row_dict
+
+MAX_TRANSIENT = 1000
+
+
+def parse_mode(text: str) -> tuple[str, int | None]:
+    """``"permanent"`` -> ``("permanent", None)``; ``"transient:N"`` -> ``("transient", N)``."""
+    mode, sep, count = text.strip().partition(":")
+    if mode == "permanent" and not sep:
+        return "permanent", None
+    if mode == "transient" and sep:
+        try:
+            n = int(count)
+        except ValueError:
+            n = 0
+        if 1 <= n <= MAX_TRANSIENT:
+            return "transient", n
+        raise ValueError(
+            f"fault mode {text!r}: N in 'transient:N' must be a whole number 1..{MAX_TRANSIENT}"
+        )
+    raise ValueError(f"fault mode {text!r}: use 'permanent' or 'transient:N' (N = 1..1000)")
+
+
+async def add_fault(pool: asyncpg.Pool, action: str, order_id: str, mode: str) -> None:
+    """Inject a fault, replacing any fault already set on this action and order."""
+    if action not in all_actions():
+        raise ValueError(f"unknown action {action!r} (known: {', '.join(all_actions())})")
+    if not order_id:
+        raise ValueError("order_id must not be empty")
+    kind, remaining = parse_mode(mode)
+    await pool.execute(Q.upsert_fault, action, order_id, kind, remaining)
+
+
+async def list_faults(pool: asyncpg.Pool) -> list[dict[str, object]]:
+    return [row_dict(row) for row in await pool.fetch(Q.list_faults)]
+
+
+async def clear_faults(pool: asyncpg.Pool, order_id: str | None) -> int:
+    """Remove the faults of one order, or every fault when ``order_id`` is None."""
+    cleared: int = await pool.fetchval(Q.clear_faults, order_id)
+    return cleared

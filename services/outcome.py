@@ -1,0 +1,67 @@
+"""Pure rules for what an adapter reports: the outcome message, its id, ``effect_unknown``."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+from services.errors import TransientFailure
+from services.simulated import Stored
+from shared.messages import ActionDone, ActionFailed, ActionRequest
+
+# Fixed forever: changing it changes every outcome id, so in-flight duplicates would stop being
+# recognised as duplicates by the coordinator's inbox.
+OUTCOME_NAMESPACE = uuid.UUID("6f1d3c52-8a0e-4f7b-9b0c-2d4e5a7c9e13")
+MAX_REASON = 4000
+
+Verdict = Stored | TransientFailure
+
+
+def outcome_message_id(
+    idempotency_key: str, outcome: Literal["done", "failed"], attempt: int
+) -> str:
+    """Deterministic, so a redelivered request yields a duplicate the inbox absorbs."""
+    return str(uuid.uuid5(OUTCOME_NAMESPACE, f"{idempotency_key}|{outcome}|{attempt}"))
+
+
+def effect_unknown(verdict: Verdict) -> bool:
+    """A stored failure is the system saying no: nothing landed. Exhausted transient retries (a
+    timeout, a 5xx) may have landed anyway, so the coordinator must compensate them too."""
+    return isinstance(verdict, TransientFailure)
+
+
+def reason_of(verdict: Verdict, tries: int) -> str:
+    if isinstance(verdict, TransientFailure):
+        text = f"gave up after {tries} tries: {verdict}"
+    else:
+        text = verdict.error or "failed"
+    return text[:MAX_REASON]
+
+
+def build_outcome(req: ActionRequest, verdict: Verdict, tries: int) -> ActionDone | ActionFailed:
+    if isinstance(verdict, Stored) and verdict.outcome == "done":
+        return ActionDone(
+            message_id=outcome_message_id(req.idempotency_key, "done", req.attempt),
+            saga_id=req.saga_id,
+            order_id=req.order_id,
+            action=req.action,
+            phase=req.phase,
+            step=req.step,
+            idempotency_key=req.idempotency_key,
+            attempt=req.attempt,
+            tries=max(tries, 1),
+            result=verdict.result or {},
+        )
+    return ActionFailed(
+        message_id=outcome_message_id(req.idempotency_key, "failed", req.attempt),
+        saga_id=req.saga_id,
+        order_id=req.order_id,
+        action=req.action,
+        phase=req.phase,
+        step=req.step,
+        idempotency_key=req.idempotency_key,
+        attempt=req.attempt,
+        tries=max(tries, 1),
+        reason=reason_of(verdict, tries),
+        effect_unknown=effect_unknown(verdict),
+    )

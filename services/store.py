@@ -1,0 +1,62 @@
+"""Database helpers shared by the simulated systems: the named queries, JSON, effect rows."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+from pydantic import JsonValue
+
+from shared.messages import ActionRequest
+from shared.sql import Queries
+
+Q = Queries(Path(__file__).with_name("queries.sql"))
+
+# A connection of its own or one borrowed from a pool: the systems work on either.
+Conn: TypeAlias = asyncpg.Connection | PoolConnectionProxy
+
+
+def to_json(value: JsonValue) -> str:
+    # Pools come from callers without a jsonb codec, so jsonb travels as text both ways.
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def from_json(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def plain(value: object) -> object:
+    """A database value as something ``json.dumps`` accepts (datetimes as ISO 8601)."""
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    return value
+
+
+def row_dict(row: asyncpg.Record) -> dict[str, object]:
+    return {key: plain(value) for key, value in row.items()}
+
+
+def system_of(action: str) -> str:
+    return action.split(".", 1)[0]
+
+
+async def record_effect(
+    conn: Conn,
+    req: ActionRequest,
+    entity_id: str,
+    detail: dict[str, JsonValue] | None = None,
+) -> None:
+    """One row per side effect applied: rule 3 ("at most once per key") is checked by counting."""
+    await conn.execute(
+        Q.insert_effect,
+        system_of(req.action),
+        req.action,
+        req.order_id,
+        req.idempotency_key,
+        entity_id,
+        to_json(detail or {}),
+    )

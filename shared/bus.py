@@ -1,0 +1,127 @@
+"""The one I/O boundary to RabbitMQ: connect, declare, publish with confirms, consume."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Literal
+
+import aio_pika
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractRobustConnection,
+)
+
+from shared.codec import message_to_amqp
+from shared.config import Settings
+from shared.delivery import Handler, deliver
+from shared.messages import Envelope
+from shared.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+class Bus:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topology = Topology.from_settings(settings)
+        self._connection: AbstractRobustConnection | None = None
+        self._publisher: AbstractChannel | None = None
+        self._exchanges: dict[str, AbstractExchange] = {}
+
+    async def connect(self) -> None:
+        self._connection = await aio_pika.connect_robust(
+            self.settings.amqp_url, client_properties={"connection_name": "saga"}
+        )
+        self._publisher = await self._connection.channel(
+            publisher_confirms=True, on_return_raises=True
+        )
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+            self._connection = None
+
+    async def __aenter__(self) -> Bus:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def connection(self) -> AbstractRobustConnection:
+        if self._connection is None:
+            raise RuntimeError("Bus is not connected")
+        return self._connection
+
+    async def declare(self) -> None:
+        channel = await self.connection.channel()
+        try:
+            await self.topology.declare(channel)
+        finally:
+            await channel.close()
+
+    async def _exchange(self, name: str) -> AbstractExchange:
+        if self._publisher is None:
+            raise RuntimeError("Bus is not connected")
+        if name == "":
+            return self._publisher.default_exchange
+        exchange = self._exchanges.get(name)
+        if exchange is None:
+            exchange = await self._publisher.get_exchange(name, ensure=False)
+            self._exchanges[name] = exchange
+        return exchange
+
+    async def publish_raw(self, exchange: str, routing_key: str, message: aio_pika.Message) -> None:
+        """Publish and wait for the broker's confirm. Work routes (partitions, actions) must reach
+        a queue, so they are mandatory: an unroutable message raises instead of vanishing."""
+        mandatory = exchange not in ("", self.topology.events_exchange)
+        target = await self._exchange(exchange)
+        await target.publish(
+            message,
+            routing_key,
+            mandatory=mandatory,
+            timeout=self.settings.publish_timeout_s,
+        )
+
+    async def publish(self, exchange: str, routing_key: str, message: Envelope) -> None:
+        await self.publish_raw(exchange, routing_key, message_to_amqp(message))
+
+    async def to_partition(self, message: Envelope) -> None:
+        key = self.topology.partition_key(message.order_id)
+        await self.publish(self.topology.partitions_exchange, key, message)
+
+    async def consume(
+        self,
+        queue_name: str,
+        handler: Handler,
+        *,
+        prefetch: int,
+        mode: Literal["sequential", "concurrent"],
+    ) -> None:
+        """Consume until cancelled. ``sequential`` handles one delivery at a time in queue order
+        (aio-pika would otherwise run one task per delivery and lose the order)."""
+        channel = await self.connection.channel()
+        await channel.set_qos(prefetch_count=prefetch)
+        queue = await channel.get_queue(queue_name, ensure=False)
+        try:
+            if mode == "sequential":
+                async with queue.iterator() as deliveries:
+                    async for message in deliveries:
+                        await deliver(message, handler)
+            else:
+
+                async def on_message(message: AbstractIncomingMessage) -> None:
+                    await deliver(message, handler)
+
+                tag = await queue.consume(on_message)
+                try:
+                    await asyncio.Future()
+                finally:
+                    await queue.cancel(tag)
+        finally:
+            if not channel.is_closed:
+                await channel.close()

@@ -1,0 +1,81 @@
+"""Settings, read once from the environment (``SAGA_*``); nothing secret lives in code.
+
+The defaults point at the broker's and the database's local development accounts so a fresh
+clone runs on a developer machine; production sets ``SAGA_AMQP_URL`` and ``SAGA_DATABASE_URL``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from shared.errors import ConfigError
+
+_NAMESPACE = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
+
+
+@dataclass(frozen=True)
+class Settings:
+    amqp_url: str = "amqp://guest:guest@127.0.0.1:5672/"
+    database_url: str = "postgresql://postgres@127.0.0.1:5432/saga"
+    # Prefix of every exchange and queue: lets tests and several deployments share one vhost.
+    namespace: str = "saga"
+    # Changing the partition count re-routes orders: drain the partitions first.
+    partitions: int = 8
+    delivery_limit: int = 5
+    catalog_path: str = ""
+    max_message_bytes: int = 256 * 1024
+    publish_timeout_s: float = 10.0
+    adapter_prefetch: int = 32
+    partition_prefetch: int = 64
+    relay_batch: int = 200
+    relay_poll_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not _NAMESPACE.match(self.namespace):
+            raise ConfigError(
+                f"SAGA_NAMESPACE {self.namespace!r}: use [a-z][a-z0-9_-]*, at most 41"
+            )
+        if not 1 <= self.partitions <= 1024:
+            raise ConfigError(f"SAGA_PARTITIONS {self.partitions}: must be between 1 and 1024")
+        if not 1 <= self.delivery_limit <= 1000:
+            raise ConfigError(f"SAGA_DELIVERY_LIMIT {self.delivery_limit}: must be 1..1000")
+        if self.max_message_bytes < 1024:
+            raise ConfigError("SAGA_MAX_MESSAGE_BYTES: must be at least 1024")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Every field ``x`` is read from ``SAGA_X``; explicit overrides win (CLI flags)."""
+        source = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = source.get(f"SAGA_{f.name.upper()}")
+            if raw is None:
+                continue
+            values[f.name] = _convert(f.name, raw, type(getattr(cls, f.name)))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def with_(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
+
+    @property
+    def catalog_file(self) -> Path:
+        if self.catalog_path:
+            return Path(self.catalog_path)
+        return Path(__file__).with_name("catalog.toml")
+
+
+def _convert(name: str, raw: str, kind: type) -> Any:
+    try:
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"SAGA_{name.upper()}={raw!r}: expected a {kind.__name__}") from None
+    return raw

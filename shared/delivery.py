@@ -1,0 +1,70 @@
+"""Ack, requeue or dead-letter: decided here and nowhere else.
+
+Handlers never touch the delivery; they return or raise a typed exception, and ``decide`` (pure)
+maps that to an outcome. ``reject`` (not ``nack``) is used for requeues because from RabbitMQ 4.3
+only ``reject`` raises the delivery count that sends a poison message to the dead letters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from shared.errors import InvalidMessage, RetryLater
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
+
+
+class Outcome(StrEnum):
+    ACK = "ack"
+    RETRY = "retry"  # requeue; the queue's delivery limit dead-letters it if it keeps failing
+    DEAD_LETTER = "dead_letter"  # can never work: straight to the dead letters
+
+
+def decide(error: BaseException | None) -> Outcome:
+    if error is None:
+        return Outcome.ACK
+    if isinstance(error, InvalidMessage):
+        return Outcome.DEAD_LETTER
+    if isinstance(error, RetryLater):
+        return Outcome.RETRY
+    # An unexpected bug may be transient too; the delivery limit bounds the retries.
+    return Outcome.RETRY
+
+
+async def settle(message: AbstractIncomingMessage, outcome: Outcome) -> None:
+    if outcome is Outcome.ACK:
+        await message.ack()
+    elif outcome is Outcome.RETRY:
+        await message.reject(requeue=True)
+    else:
+        await message.reject(requeue=False)
+
+
+async def deliver(message: AbstractIncomingMessage, handler: Handler) -> Outcome:
+    """Run one handler on one delivery and settle it. Cancellation leaves it unsettled: the
+    broker redelivers it when the channel closes, which is what a graceful stop wants."""
+    try:
+        await handler(message)
+    except Exception as exc:
+        outcome = decide(exc)
+        level = logging.WARNING if outcome is Outcome.RETRY else logging.ERROR
+        log.log(
+            level,
+            "message %s (%s) on %s: %s -> %s",
+            message.message_id,
+            message.type,
+            message.routing_key,
+            exc,
+            outcome.value,
+            exc_info=not isinstance(exc, InvalidMessage | RetryLater),
+        )
+    else:
+        outcome = Outcome.ACK
+    await settle(message, outcome)
+    return outcome

@@ -1,0 +1,165 @@
+"""The gateway: pure checks that refuse plans breaking the rules, before anything runs.
+
+Used at load time for the catalog's named sagas and at intake for every start command. Each
+refusal names the rule (a stable identifier), the step and what is wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ConfigDict, ValidationError, create_model
+
+from shared.catalog import ActionClass, ActionSpec, Catalog
+from shared.errors import CatalogError, PlanRejected
+from shared.messages import Plan, StartSaga
+from shared.topology import SERVICES
+
+_PY_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
+
+
+@dataclass(frozen=True)
+class AdmittedStep:
+    index: int
+    action: str
+    spec: ActionSpec
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AdmittedPlan:
+    saga: str
+    steps: tuple[AdmittedStep, ...]
+    compensation_priority: tuple[str, ...]
+
+
+def check_action(catalog: Catalog, name: str, spec: ActionSpec) -> None:
+    """Rules about one declared action (independent of any plan)."""
+    service = name.split(".", 1)[0]
+    if service not in SERVICES:
+        raise PlanRejected("unknown_service", f"{name}: no adapter serves {service!r}")
+    if spec.action_class.needs_compensation:
+        if spec.compensation is None:
+            raise PlanRejected(
+                "compensation_missing", f"{name} is {spec.action_class} but names no compensation"
+            )
+        if spec.compensation not in catalog.compensations:
+            raise PlanRejected(
+                "compensation_unknown",
+                f"{name} names compensation {spec.compensation!r}, which the catalog lacks",
+            )
+        if spec.compensation.split(".", 1)[0] != service:
+            raise PlanRejected(
+                "compensation_service", f"{name}: its compensation must be served by {service!r}"
+            )
+    elif spec.compensation is not None:
+        raise PlanRejected(
+            "compensation_unexpected", f"{name} is {spec.action_class} and cannot be compensated"
+        )
+    if spec.action_class is ActionClass.COMPENSABLE_WITH_RESIDUE and not spec.residue.strip():
+        raise PlanRejected("residue_missing", f"{name} leaves a residue but does not state it")
+
+
+def check_plan(catalog: Catalog, steps: Sequence[str], priority: Sequence[str] = ()) -> None:
+    """Rules about an ordered plan. Raises ``PlanRejected`` at the first broken rule."""
+    seen: set[str] = set()
+    last_compensable: int | None = None
+    for index, name in enumerate(steps):
+        spec = catalog.actions.get(name)
+        if spec is None:
+            rule = "compensation_as_step" if name in catalog.compensations else "unknown_action"
+            raise PlanRejected(rule, f"{name!r} is not a declared action", step=index)
+        if name in seen:
+            # The idempotency key is saga_id:action, so one action may appear once per saga.
+            raise PlanRejected("duplicate_action", f"{name} appears twice", step=index)
+        seen.add(name)
+        try:
+            check_action(catalog, name, spec)
+        except PlanRejected as exc:
+            raise PlanRejected(exc.rule, exc.detail, step=index) from None
+        if spec.action_class.needs_compensation:
+            last_compensable = index
+    for index, name in enumerate(steps):
+        spec = catalog.actions[name]
+        if (
+            spec.action_class is ActionClass.IRREVERSIBLE
+            and last_compensable is not None
+            and index < last_compensable
+        ):
+            raise PlanRejected(
+                "irreversible_not_last",
+                f"irreversible {name} runs before compensable {steps[last_compensable]} "
+                f"(step {last_compensable}); irreversible actions go last",
+                step=index,
+            )
+    for name in priority:
+        if name not in seen:
+            raise PlanRejected(
+                "priority_unknown", f"compensation_priority names {name!r}, not in the plan"
+            )
+
+
+def check_catalog(catalog: Catalog, *, source: str = "catalog") -> None:
+    for name, spec in catalog.actions.items():
+        try:
+            check_action(catalog, name, spec)
+        except PlanRejected as exc:
+            raise CatalogError(f"{source}: action {name}: {exc.detail} [{exc.rule}]") from None
+    for saga, definition in catalog.sagas.items():
+        try:
+            check_plan(catalog, definition.steps, definition.compensation_priority)
+        except PlanRejected as exc:
+            where = (
+                f"step {exc.step} ({definition.steps[exc.step]})" if exc.step is not None else ""
+            )
+            raise CatalogError(
+                f"{source}: saga {saga!r} {where}: {exc.detail} [{exc.rule}]".replace("  ", " ")
+            ) from None
+
+
+def validate_params(
+    catalog: Catalog, steps: Sequence[str], params: Mapping[str, Any]
+) -> tuple[dict[str, Any], ...]:
+    """Validate the saga's flat parameters against every step's schema; return each step's own."""
+    fields: dict[str, Any] = {}
+    for name in steps:
+        for key, kind in catalog.actions[name].params.items():
+            fields[key] = (_PY_TYPES[kind], ...)
+    model = create_model("SagaParams", __config__=ConfigDict(extra="forbid"), **fields)
+    try:
+        clean = model.model_validate(dict(params)).model_dump()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"params.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise PlanRejected("params_invalid", problems) from None
+    return tuple({k: clean[k] for k in catalog.actions[name].params} for name in steps)
+
+
+def admit(catalog: Catalog, command: StartSaga) -> AdmittedPlan:
+    """Everything the gateway checks for a start command; the admitted plan snapshots the
+    catalog so that editing the catalog later never changes a saga already running."""
+    if command.saga is not None:
+        definition = catalog.sagas.get(command.saga)
+        if definition is None:
+            known = ", ".join(sorted(catalog.sagas)) or "none"
+            raise PlanRejected("unknown_saga", f"no saga named {command.saga!r} (known: {known})")
+        name, steps, priority = command.saga, definition.steps, definition.compensation_priority
+    else:
+        plan: Plan | None = command.plan
+        assert plan is not None  # the message model guarantees exactly one of saga/plan
+        name = "adhoc"
+        steps = tuple(s.action for s in plan.steps)
+        priority = plan.compensation_priority
+    check_plan(catalog, steps, priority)
+    per_step = validate_params(catalog, steps, command.params)
+    return AdmittedPlan(
+        saga=name,
+        steps=tuple(
+            AdmittedStep(i, a, catalog.actions[a], p)
+            for i, (a, p) in enumerate(zip(steps, per_step, strict=True))
+        ),
+        compensation_priority=tuple(priority),
+    )

@@ -1,0 +1,167 @@
+"""Every message on the bus: frozen pydantic models sharing one envelope.
+
+Unknown fields are refused (``extra="forbid"``) so a typo in an agent's command is an error naming
+the field, not a silently ignored option. ``shared.codec`` is the only place that turns these into
+AMQP messages and back.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+from uuid import uuid4
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+
+SCHEMA_VERSION: Literal[1] = 1
+
+Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:@-]+$")]
+ActionName = Annotated[
+    str, Field(min_length=3, max_length=128, pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$")
+]
+Params = dict[Annotated[str, Field(max_length=64)], JsonValue]
+Phase = Literal["forward", "compensation"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _new_id() -> str:
+    return str(uuid4())
+
+
+class Envelope(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    message_id: Identifier = Field(default_factory=_new_id)
+    type: str
+    saga_id: Identifier
+    order_id: Identifier
+    timestamp: datetime = Field(default_factory=_now)
+    schema_version: Literal[1] = SCHEMA_VERSION
+
+
+# --- commands: agents -> commands exchange -> intake -> partition ------------------------------
+
+
+class PlanStep(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    action: ActionName
+
+
+class Plan(BaseModel):
+    """An ad-hoc plan: the same shape as a named saga definition, checked by the same gateway."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    steps: tuple[PlanStep, ...] = Field(min_length=1, max_length=50)
+    compensation_priority: tuple[ActionName, ...] = ()
+
+
+class StartSaga(Envelope):
+    type: Literal["saga.start"] = "saga.start"
+    saga: Identifier | None = None
+    plan: Plan | None = None
+    params: Params = Field(default_factory=dict)
+    reply_to: str | None = Field(default=None, max_length=255)
+
+    @model_validator(mode="after")
+    def _one_of_saga_or_plan(self) -> StartSaga:
+        if (self.saga is None) == (self.plan is None):
+            raise ValueError("give exactly one of 'saga' (a named definition) or 'plan'")
+        return self
+
+
+class AbortSaga(Envelope):
+    type: Literal["saga.abort"] = "saga.abort"
+    reason: str = Field(min_length=1, max_length=2000)
+    reply_to: str | None = Field(default=None, max_length=255)
+
+
+class ResumeSaga(Envelope):
+    type: Literal["saga.resume"] = "saga.resume"
+    note: str = Field(default="", max_length=2000)
+    reply_to: str | None = Field(default=None, max_length=255)
+
+
+Command = Annotated[StartSaga | AbortSaga | ResumeSaga, Field(discriminator="type")]
+
+# --- actions: coordinator -> adapters -> partition ---------------------------------------------
+
+
+class ActionRequest(Envelope):
+    type: Literal["action.request"] = "action.request"
+    action: ActionName
+    phase: Phase
+    step: int = Field(ge=0)
+    idempotency_key: str = Field(min_length=1, max_length=300)
+    params: Params
+    attempt: int = Field(default=1, ge=1)
+    timeout_s: float = Field(gt=0)
+
+
+class _ActionOutcome(Envelope):
+    action: ActionName
+    phase: Phase
+    step: int = Field(ge=0)
+    idempotency_key: str = Field(min_length=1, max_length=300)
+    attempt: int = Field(default=1, ge=1)  # echoes the request's attempt
+    tries: int = Field(default=1, ge=1)  # calls the adapter made (retries of transient errors)
+
+
+class ActionDone(_ActionOutcome):
+    type: Literal["action.done"] = "action.done"
+    result: dict[str, JsonValue]
+
+
+class ActionFailed(_ActionOutcome):
+    type: Literal["action.failed"] = "action.failed"
+    reason: str = Field(max_length=4000)
+    # True when the call may have changed the system anyway (timeout, retries exhausted): the
+    # coordinator then compensates it too, since compensations are no-ops where nothing landed.
+    effect_unknown: bool
+
+
+ActionOutcome = Annotated[ActionDone | ActionFailed, Field(discriminator="type")]
+
+PartitionMessage = Annotated[
+    StartSaga | AbortSaga | ResumeSaga | ActionDone | ActionFailed, Field(discriminator="type")
+]
+
+# --- out: replies to agents and public lifecycle events ----------------------------------------
+
+
+class CommandReply(Envelope):
+    type: Literal["command.accepted", "command.rejected"]
+    command_id: str
+    command_type: str
+    reason: str = ""
+
+
+EventType = Literal[
+    "saga.started",
+    "step.started",
+    "step.done",
+    "step.failed",
+    "step.compensating",
+    "step.compensated",
+    "step.compensation_failed",
+    "saga.compensating",
+    "saga.completed",
+    "saga.compensated",
+    "saga.needs_human",
+    "saga.resumed",
+]
+
+
+class SagaEvent(Envelope):
+    """Public lifecycle event, routed on the events topic exchange by its ``type``."""
+
+    type: EventType
+    saga: str
+    status: str
+    step: int | None = None
+    action: str | None = None
+    detail: str = ""
+    # The whole register, carried by alerts (``saga.needs_human``) and terminal events.
+    saga_register: dict[str, Any] | None = None

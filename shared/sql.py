@@ -1,0 +1,29 @@
+"""Named SQL queries read from ``.sql`` files: a block starts with ``-- name: query_name``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+
+
+class Queries:
+    def __init__(self, path: Path) -> None:
+        text = path.read_text(encoding="utf-8")
+        parts = _NAME.split(text)
+        self._queries: dict[str, str] = {}
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in self._queries:
+                raise ValueError(f"{path}: query {name!r} is defined twice")
+            self._queries[name] = body.strip()
+        self._path = path
+
+    def __getattr__(self, name: str) -> str:
+        try:
+            return self._queries[name]
+        except KeyError:
+            raise AttributeError(f"{self._path.name} has no query named {name!r}") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._queries)

@@ -1,0 +1,153 @@
+"""Every exchange and queue, named from one namespace and declared idempotently at start.
+
+Ordering per order comes from the application, not the broker: ``crc32(order_id) % N`` picks one
+of N quorum queues with a single active consumer (the consistent-hash exchange may move a key to
+another queue after a node restart, so it is not used).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from aio_pika.abc import AbstractChannel, ExchangeType
+
+from shared.config import Settings
+
+SERVICES: tuple[str, ...] = ("inventory", "erp", "payments", "email")
+
+
+def partition_of(order_id: str, partitions: int) -> int:
+    # crc32, never hash(): Python salts str hashes per process, so two processes would disagree.
+    return zlib.crc32(order_id.encode()) % partitions
+
+
+@dataclass(frozen=True)
+class Topology:
+    namespace: str
+    partitions: int
+    delivery_limit: int
+    services: tuple[str, ...] = SERVICES
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Topology:
+        return cls(settings.namespace, settings.partitions, settings.delivery_limit)
+
+    # --- names ---------------------------------------------------------------------------------
+    @property
+    def commands_exchange(self) -> str:
+        return f"{self.namespace}.commands"
+
+    @property
+    def intake_queue(self) -> str:
+        return f"{self.namespace}.intake"
+
+    @property
+    def partitions_exchange(self) -> str:
+        return f"{self.namespace}.partitions"
+
+    def partition_queue(self, index: int) -> str:
+        return f"{self.namespace}.partition.{index}"
+
+    def partition_key(self, order_id: str) -> str:
+        return str(partition_of(order_id, self.partitions))
+
+    @property
+    def actions_exchange(self) -> str:
+        return f"{self.namespace}.actions"
+
+    def action_queue(self, service: str) -> str:
+        return f"{self.namespace}.action.{service}"
+
+    @property
+    def events_exchange(self) -> str:
+        return f"{self.namespace}.events"
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"{self.namespace}.dlx"
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return f"{self.namespace}.dead-letters"
+
+    def all_queues(self) -> list[str]:
+        return [
+            self.intake_queue,
+            *(self.partition_queue(i) for i in range(self.partitions)),
+            *(self.action_queue(s) for s in self.services),
+            self.dead_letter_queue,
+        ]
+
+    def all_exchanges(self) -> list[str]:
+        return [
+            self.commands_exchange,
+            self.partitions_exchange,
+            self.actions_exchange,
+            self.events_exchange,
+            self.dead_letter_exchange,
+        ]
+
+    # --- declaration ---------------------------------------------------------------------------
+    def _work_queue_args(self, *, single_active: bool) -> dict[str, Any]:
+        # At-least-once dead-lettering needs all three of strategy, reject-publish overflow and a
+        # dead-letter exchange; without any one RabbitMQ silently falls back to at-most-once.
+        args: dict[str, Any] = {
+            "x-queue-type": "quorum",
+            "x-delivery-limit": self.delivery_limit,
+            "x-dead-letter-exchange": self.dead_letter_exchange,
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        }
+        if single_active:
+            args["x-single-active-consumer"] = True
+        return args
+
+    async def declare(self, channel: AbstractChannel) -> None:
+        commands = await channel.declare_exchange(
+            self.commands_exchange, ExchangeType.TOPIC, durable=True
+        )
+        partitions = await channel.declare_exchange(
+            self.partitions_exchange, ExchangeType.DIRECT, durable=True
+        )
+        actions = await channel.declare_exchange(
+            self.actions_exchange, ExchangeType.DIRECT, durable=True
+        )
+        await channel.declare_exchange(self.events_exchange, ExchangeType.TOPIC, durable=True)
+        dlx = await channel.declare_exchange(
+            self.dead_letter_exchange, ExchangeType.FANOUT, durable=True
+        )
+
+        dead = await channel.declare_queue(
+            self.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
+        )
+        await dead.bind(dlx)
+
+        intake = await channel.declare_queue(
+            self.intake_queue, durable=True, arguments=self._work_queue_args(single_active=True)
+        )
+        await intake.bind(commands, routing_key="saga.#")
+
+        for index in range(self.partitions):
+            queue = await channel.declare_queue(
+                self.partition_queue(index),
+                durable=True,
+                arguments=self._work_queue_args(single_active=True),
+            )
+            await queue.bind(partitions, routing_key=str(index))
+
+        for service in self.services:
+            queue = await channel.declare_queue(
+                self.action_queue(service),
+                durable=True,
+                arguments=self._work_queue_args(single_active=False),
+            )
+            await queue.bind(actions, routing_key=service)
+
+    async def delete(self, channel: AbstractChannel) -> None:
+        """Remove everything (tests clean up after themselves)."""
+        for name in self.all_queues():
+            await channel.queue_delete(name)
+        for name in self.all_exchanges():
+            await channel.exchange_delete(name)

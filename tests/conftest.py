@@ -1,0 +1,62 @@
+"""Fixtures shared by every test folder.
+
+Integration tests use the real RabbitMQ and Postgres named by SAGA_TEST_AMQP_URL and
+SAGA_TEST_DATABASE_URL (default: the local services). Each run gets its own database and its own
+namespace of queues and exchanges, both removed at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from shared.config import Settings
+from shared.migrations import drop_database, migrate
+
+AMQP_URL = os.environ.get("SAGA_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+DATABASE_SERVER = os.environ.get("SAGA_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/")
+
+
+@pytest.fixture(scope="session")
+def run_id() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def database_url(run_id: str) -> Iterator[str]:
+    parts = urlsplit(DATABASE_SERVER)
+    url = urlunsplit(parts._replace(path=f"/saga_test_{run_id}"))
+    asyncio.run(migrate(url))
+    yield url
+    asyncio.run(drop_database(url))
+
+
+@pytest.fixture
+def settings(database_url: str, run_id: str) -> Settings:
+    # A namespace per test keeps queues of one test from ever feeding another.
+    return Settings(
+        amqp_url=AMQP_URL,
+        database_url=database_url,
+        namespace=f"t{run_id}-{uuid.uuid4().hex[:6]}",
+        partitions=4,
+        delivery_limit=5,
+        relay_poll_s=0.2,
+    )
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await asyncpg.create_pool(database_url, min_size=1, max_size=8)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+def order_id() -> str:
+    return f"order-{uuid.uuid4().hex[:10]}"
