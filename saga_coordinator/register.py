@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from shared.catalog import ActionClass
 
@@ -30,9 +30,14 @@ class _Frozen(BaseModel):
 
 
 class Step(_Frozen):
+    # "class" is the register's word for it; Python reserves the name, hence the alias.
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", serialize_by_alias=True, validate_by_name=True
+    )
+
     index: int
     action: str
-    action_class: ActionClass
+    action_class: ActionClass = Field(alias="class")
     params: dict[str, JsonValue]
     timeout_s: float
     result_fields: tuple[str, ...] = ()

@@ -18,8 +18,10 @@ from aio_pika.exceptions import AMQPError
 from pydantic import TypeAdapter
 from tenacity import (
     AsyncRetrying,
+    before_sleep_log,
     retry_if_exception_type,
     stop_after_attempt,
+    stop_after_delay,
     wait_exponential,
 )
 
@@ -37,20 +39,32 @@ from shared.messages import ActionDone, ActionFailed, ActionRequest
 log = logging.getLogger(__name__)
 
 _REQUEST: TypeAdapter[ActionRequest] = TypeAdapter(ActionRequest)
-# The database being unreachable says nothing about the action: hold the message and retry it
-# rather than report a failure (or burn the call's retries).
-DATABASE_DOWN: tuple[type[BaseException], ...] = (
+# The database being away (or two transactions colliding) says nothing about the action: the
+# transaction rolled back, so hold the message and try again rather than report a failure.
+DATABASE_TROUBLE: tuple[type[BaseException], ...] = (
     OSError,
     asyncpg.exceptions.PostgresConnectionError,
     asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,  # shutting down, starting up
+    asyncpg.exceptions.TooManyConnectionsError,
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.SerializationError,
 )
 
 
 class Adapter:
     def __init__(
-        self, service: str, settings: Settings, catalog: Catalog, bus: Bus, pool: asyncpg.Pool
+        self,
+        service: str,
+        settings: Settings,
+        catalog: Catalog,
+        bus: Bus,
+        pool: asyncpg.Pool,
+        *,
+        db_retry_s: float = 30.0,
     ) -> None:
         self.service = service
+        self.db_retry_s = db_retry_s
         self.system = system_for(service)
         self.settings = settings
         self.catalog = catalog
@@ -87,10 +101,23 @@ class Adapter:
         )
 
     async def perform(self, req: ActionRequest) -> ActionDone | ActionFailed:
-        """Call the system (with retries) and build the outcome to report; no broker I/O."""
+        """Call the system (with retries) and build the outcome to report; no broker I/O.
+
+        While the database is away the message is held and the call retried for ``db_retry_s``:
+        an immediate requeue would burn the delivery count in milliseconds and dead-letter a
+        perfectly good request during a database restart."""
+        holding = AsyncRetrying(
+            retry=retry_if_exception_type(DATABASE_TROUBLE),
+            wait=wait_exponential(multiplier=0.05, max=2.0),
+            stop=stop_after_delay(self.db_retry_s),
+            before_sleep=before_sleep_log(log, logging.WARNING),
+            reraise=True,
+        )
         try:
-            verdict, tries = await self._call_with_retries(req)
-        except DATABASE_DOWN as exc:
+            async for attempt in holding:
+                with attempt:
+                    verdict, tries = await self._call_with_retries(req)
+        except DATABASE_TROUBLE as exc:
             raise RetryLater(f"database unreachable during {req.action}: {exc!r}") from exc
         return build_outcome(req, verdict, tries)
 

@@ -3,11 +3,15 @@ against ("did the release really happen? was anything applied twice?")."""
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime
+
 import asyncpg
 
 from services.store import Q, row_dict
 
 Rows = list[dict[str, object]]
+_ISO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
 
 _SECTIONS: tuple[tuple[str, str], ...] = (
     ("reservations", "reservations_for_order"),
@@ -31,6 +35,10 @@ async def effects_for_order(pool: asyncpg.Pool, order_id: str) -> dict[str, Rows
 def render_effects(effects: dict[str, Rows]) -> str:
     """A plain-text table per section, for a terminal."""
     blocks = [_table(section, effects.get(section, [])) for section, _ in _SECTIONS]
+    twice = [r for r in effects.get("applied", []) if _as_int(r.get("times")) > 1]
+    if twice:
+        keys = ", ".join(str(r["idempotency_key"]) for r in twice)
+        blocks.append(f"WARNING: applied more than once for key(s): {keys}")
     return "\n\n".join(blocks)
 
 
@@ -54,4 +62,11 @@ def _cell(value: object) -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if isinstance(value, str) and _ISO_TIME.match(value):
+        # Full ISO stamps (microseconds, offset) make tables too wide for a terminal.
+        return datetime.fromisoformat(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
     return str(value)
+
+
+def _as_int(value: object) -> int:
+    return value if isinstance(value, int) else 0

@@ -119,7 +119,7 @@ async def test_unreachable_database_means_retry_later(
     # Port 1 refuses connections; min_size=0 keeps the pool from connecting up front.
     dead = await asyncpg.create_pool("postgresql://postgres@127.0.0.1:1/none", min_size=0)
     try:
-        adapter = Adapter("inventory", settings, catalog, Bus(settings), dead)
+        adapter = Adapter("inventory", settings, catalog, Bus(settings), dead, db_retry_s=0.3)
         with pytest.raises(RetryLater, match="database unreachable"):
             await adapter.perform(reserve_request(order_id))
     finally:

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set everything up on a fresh clone: virtualenv, install, database, topology. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+# Reinstall only when the dependencies changed.
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+    rm -f .venv/.installed-*
+    touch "$stamp"
+fi
+.venv/bin/saga --log-level WARNING migrate
+.venv/bin/saga --log-level WARNING declare

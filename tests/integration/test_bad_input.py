@@ -1,0 +1,115 @@
+"""Bad input gets a clear error and loses nothing: no crash, no silent drop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aio_pika
+import asyncpg
+
+from saga_coordinator.app import Stack
+from shared.bus import Bus
+from shared.client import SagaClient
+from shared.config import Settings
+from tests.integration.test_sagas import REFUND, run_saga
+
+
+async def _rejections(pool: asyncpg.Pool, message_id: str | None = None) -> list[dict[str, Any]]:
+    rows = await pool.fetch("SELECT * FROM rejections ORDER BY id")
+    return [dict(r) for r in rows if message_id is None or r["message_id"] == message_id]
+
+
+async def _wait_for(pool: asyncpg.Pool, body: bytes) -> dict[str, Any]:
+    for _ in range(100):
+        row = await pool.fetchrow("SELECT * FROM rejections WHERE body = $1", body)
+        if row is not None:
+            return dict(row)
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no rejection recorded for {body[:40]!r}")
+
+
+async def test_garbage_commands_are_recorded_and_the_stack_carries_on(
+    stack: Stack, client: SagaClient, settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    garbage = {
+        b"not json at all": "not JSON",
+        b"\xff\xfe\x00bad utf-8": "UTF-8",
+        b"[1, 2, 3]": "JSON object",
+        b"x" * (settings.max_message_bytes + 1): "over the limit",
+    }
+    async with Bus(settings) as bus:
+        for body in garbage:
+            await bus.publish_raw(
+                bus.topology.commands_exchange, "saga.start", aio_pika.Message(body)
+            )
+        for body, words in garbage.items():
+            row = await _wait_for(pool, body)
+            assert row["rule"] == "invalid_message"
+            assert words in row["reason"]
+
+    state = await run_saga(client, stack, "refund", order_id, REFUND)
+    assert state.status == "completed"
+
+
+async def test_schema_invalid_command_gets_a_reply_naming_the_field(
+    stack: Stack, settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    async with Bus(settings) as bus:
+        channel = await bus.connection.channel()
+        replies = await channel.declare_queue(exclusive=True, auto_delete=True)
+        command = {
+            "message_id": "m-bad-1",
+            "type": "saga.start",
+            "saga_id": "s-bad-1",
+            "order_id": order_id,
+            "saga": "refund",
+            "params": REFUND,
+            "reply_to": replies.name,
+            "colour": "blue",
+        }
+        await bus.publish_raw(
+            bus.topology.commands_exchange,
+            "saga.start",
+            aio_pika.Message(json.dumps(command).encode()),
+        )
+        async with replies.iterator(timeout=20) as incoming:
+            async for message in incoming:
+                reply = json.loads(message.body)
+                await message.ack()
+                break
+        await channel.close()
+
+    assert reply["type"] == "command.rejected"
+    assert reply["command_id"] == "m-bad-1"
+    assert "colour" in reply["reason"]
+    assert [r["rule"] for r in await _rejections(pool, "m-bad-1")] == ["invalid_message"]
+    assert await stack.store.get("s-bad-1") is None
+
+
+async def test_garbage_in_a_partition_is_dead_lettered_not_retried(
+    stack: Stack, client: SagaClient, settings: Settings, order_id: str
+) -> None:
+    async with Bus(settings) as bus:
+        key = bus.topology.partition_key(order_id)
+        await bus.publish_raw(
+            bus.topology.partitions_exchange, key, aio_pika.Message(b"{not json", message_id="g1")
+        )
+        channel = await bus.connection.channel()
+        dead = await channel.get_queue(bus.topology.dead_letter_queue)
+        message = None
+        for _ in range(100):
+            message = await dead.get(fail=False)
+            if message is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert message is not None, "the poison message never reached the dead letters"
+        assert message.body == b"{not json"
+        death = message.headers.get("x-first-death-reason")
+        await message.ack()
+        await channel.close()
+    assert death == "rejected"
+
+    state = await run_saga(client, stack, "refund", order_id, REFUND)
+    assert state.status == "completed"

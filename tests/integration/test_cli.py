@@ -1,0 +1,115 @@
+"""The `saga` command, run as a process against a live stack, as an operator would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+from saga_coordinator.app import Stack
+from shared.config import Settings
+
+
+async def saga(settings: Settings, *args: str) -> tuple[int, str, str]:
+    env = {
+        **os.environ,
+        "SAGA_AMQP_URL": settings.amqp_url,
+        "SAGA_DATABASE_URL": settings.database_url,
+        "SAGA_NAMESPACE": settings.namespace,
+        "SAGA_PARTITIONS": str(settings.partitions),
+        "SAGA_LOG_LEVEL": "WARNING",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "saga_coordinator.cli",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def saga_json(settings: Settings, *args: str) -> Any:
+    code, out, err = await saga(settings, *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+PARAMS = ("--param", "sku=S-1", "--param", "quantity=3", "--param", "amount_cents=250",
+          "--param", "customer_email=c@example.com")  # fmt: skip
+
+
+async def test_start_wait_show_list_effects(
+    stack: Stack, settings: Settings, order_id: str
+) -> None:
+    started = await saga_json(
+        settings, "start", "refund", "--order", order_id, *PARAMS, "--wait", "30"
+    )
+    assert started["status"] == "completed"
+    assert started["order_id"] == order_id
+
+    shown = await saga_json(settings, "show", started["saga_id"])
+    assert shown["saga"] == "refund"
+    assert [s["status"] for s in shown["steps"]] == ["done", "done", "done"]
+    for key in ("action", "class", "status", "attempts", "result", "compensation",
+                "compensation_status", "residue", "error"):  # fmt: skip
+        assert key in shown["steps"][0], key
+    assert shown["steps"][0]["params"] == {"sku": "S-1", "quantity": 3}
+
+    listed = await saga_json(settings, "list", "--order", order_id)
+    assert [r["saga_id"] for r in listed] == [started["saga_id"]]
+
+    effects = await saga_json(settings, "effects", "--order", order_id)
+    assert len(effects["emails"]) == 1
+
+    code, table, _ = await saga(settings, "show", "--order", order_id)
+    assert code == 0
+    assert "inventory.reserve_stock" in table and "completed" in table
+
+
+async def test_faults_and_resume_from_the_command_line(
+    stack: Stack, settings: Settings, order_id: str
+) -> None:
+    for action in ("erp.create_credit_note", "inventory.release_stock"):
+        code, _, err = await saga(settings, "faults", "add", action, "--order", order_id,
+                                  "--mode", "permanent")  # fmt: skip
+        assert code == 0, err
+    faults = await saga_json(settings, "faults", "list")
+    assert {f["action"] for f in faults if f["order_id"] == order_id} == {
+        "erp.create_credit_note",
+        "inventory.release_stock",
+    }
+
+    stuck = await saga_json(settings, "start", "refund", "--order", order_id, *PARAMS,
+                            "--wait", "30")  # fmt: skip
+    assert stuck["status"] == "needs_human"
+    assert "inventory.release_stock" in stuck["needs_human_reason"]
+
+    code, out, _ = await saga(settings, "faults", "clear", "--order", order_id)
+    assert code == 0 and "cleared 2" in out
+    resumed = await saga_json(settings, "resume", stuck["saga_id"], "--wait", "30")
+    assert resumed["status"] == "compensated"
+
+
+async def test_refusals_exit_non_zero_with_the_reason(
+    stack: Stack, settings: Settings, order_id: str
+) -> None:
+    code, _, err = await saga(settings, "start", "refund", "--order", order_id,
+                              "--param", "sku=S")  # fmt: skip
+    assert code == 2
+    assert "params.quantity" in err and "Field required" in err
+
+    code, _, err = await saga(settings, "faults", "add", "erp.create_credit_note",
+                              "--order", order_id, "--mode", "sometimes")  # fmt: skip
+    assert code == 2
+    assert "sometimes" in err
+
+    code, _, err = await saga(settings, "resume", "no-such-saga")
+    assert code == 1
+    assert "no saga no-such-saga" in err
