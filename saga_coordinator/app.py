@@ -10,6 +10,7 @@ from types import TracebackType
 import asyncpg
 
 from saga_coordinator.coordinator import Coordinator
+from saga_coordinator.dead_letters import DeadLetterIngester
 from saga_coordinator.intake import Intake
 from saga_coordinator.relay import Relay
 from saga_coordinator.store import Store
@@ -70,6 +71,8 @@ class Stack:
             coordinator = Coordinator(self.settings, self.catalog, self.bus, store)
             runners.append(("coordinator", coordinator.run()))
             runners.append(("relay", Relay(self.settings, self._pool, self.bus).run()))
+            ingester = DeadLetterIngester(self.settings, self.bus, store)
+            runners.append(("dead-letters", ingester.run()))
         for service in SERVICES:
             if service in self.components:
                 adapter = Adapter(service, self.settings, self.catalog, self.bus, self._pool)

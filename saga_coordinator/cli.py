@@ -4,63 +4,34 @@ variable (shown in ``--help``); ``--json`` wherever a script may read the output
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
-import asyncpg
 import click
 
 from saga_coordinator.app import COMPONENTS, Stack
+from saga_coordinator.cli_dlq import actor_option, dlq
+from saga_coordinator.cli_ops import effects, faults
+from saga_coordinator.cli_support import (
+    EXIT_TIMEOUT,
+    dump,
+    run_async,
+    settings_of,
+    with_store,
+)
 from saga_coordinator.demo import run_demo
 from saga_coordinator.register import SagaState
 from saga_coordinator.report import render_register, table
 from saga_coordinator.store import Store
-from services import faults as fault_store
-from services.effects import effects_for_order, render_effects
 from shared.bus import Bus
 from shared.catalog import load_catalog
-from shared.client import CommandRejected, SagaClient
+from shared.client import SagaClient
 from shared.config import Settings
 from shared.errors import SagaError
 from shared.messages import Plan, PlanStep
 from shared.migrations import migrate as run_migrations
-
-T = TypeVar("T")
-EXIT_REFUSED = 2
-EXIT_TIMEOUT = 3
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    try:
-        return asyncio.run(coro)
-    except CommandRejected as exc:
-        click.echo(f"refused: {exc.reason}", err=True)
-        sys.exit(EXIT_REFUSED)
-    except SagaError as exc:
-        raise click.ClickException(str(exc)) from None
-    except (OSError, asyncpg.PostgresError) as exc:
-        raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
-
-
-def _settings(ctx: click.Context) -> Settings:
-    settings: Settings = ctx.obj
-    return settings
-
-
-def _dump(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, default=str))
-
-
-async def _with_store(settings: Settings, work: Callable[[Store], Awaitable[T]]) -> T:
-    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
-    try:
-        return await work(Store(pool))
-    finally:
-        await pool.close()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -92,8 +63,8 @@ def main(ctx: click.Context, /, **options: Any) -> None:
 @click.pass_context
 def run(ctx: click.Context, components: tuple[str, ...], demo: bool) -> None:
     """Run processes in the foreground until SIGINT/SIGTERM (default: all)."""
-    settings = _settings(ctx)
-    _run(_serve(settings, components or ("all",), demo))
+    settings = settings_of(ctx)
+    run_async(_serve(settings, components or ("all",), demo))
 
 
 async def _serve(settings: Settings, components: tuple[str, ...], demo: bool) -> None:
@@ -121,8 +92,8 @@ async def _serve(settings: Settings, components: tuple[str, ...], demo: bool) ->
 @click.pass_context
 def migrate(ctx: click.Context, as_json: bool) -> None:
     """Create the database if needed and apply pending migrations."""
-    applied = _run(run_migrations(_settings(ctx).database_url))
-    _dump({"applied": applied}) if as_json else click.echo(f"applied: {applied or 'nothing new'}")
+    applied = run_async(run_migrations(settings_of(ctx).database_url))
+    dump({"applied": applied}) if as_json else click.echo(f"applied: {applied or 'nothing new'}")
 
 
 @main.command()
@@ -131,10 +102,10 @@ def declare(ctx: click.Context) -> None:
     """Declare every exchange and queue (idempotent); also done by `saga run`."""
 
     async def work() -> None:
-        async with Bus(_settings(ctx)) as bus:
+        async with Bus(settings_of(ctx)) as bus:
             await bus.declare()
 
-    _run(work())
+    run_async(work())
     click.echo("topology declared")
 
 
@@ -142,7 +113,7 @@ def declare(ctx: click.Context) -> None:
 @click.pass_context
 def check(ctx: click.Context) -> None:
     """Load the catalog and run every gateway check; exit non-zero naming the broken rule."""
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     try:
         catalog = load_catalog(settings.catalog_file)
     except SagaError as exc:
@@ -183,7 +154,7 @@ def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str
         if steps
         else None
     )
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
 
     async def work() -> tuple[str, SagaState | None]:
         async with Bus(settings) as bus, SagaClient(bus) as client:
@@ -197,15 +168,15 @@ def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str
             except TimeoutError:
                 click.echo(f"saga {sid}: no outcome within {wait_s}s", err=True)
                 sys.exit(EXIT_TIMEOUT)
-        return sid, await _with_store(settings, lambda s: s.get(sid))
+        return sid, await with_store(settings, lambda s: s.get(sid))
 
-    sid, state = _run(work())
+    sid, state = run_async(work())
     _print_outcome(sid, state, as_json)
 
 
 def _print_outcome(saga_id: str, state: SagaState | None, as_json: bool) -> None:
     if as_json:
-        _dump({"saga_id": saga_id} if state is None else state.register())
+        dump({"saga_id": saga_id} if state is None else state.register())
     elif state is None:
         click.echo(f"accepted: saga {saga_id}")
     else:
@@ -220,62 +191,87 @@ def _print_outcome(saga_id: str, state: SagaState | None, as_json: bool) -> None
 @click.pass_context
 def show(ctx: click.Context, saga_id: str | None, order_id: str | None, history: bool,
          as_json: bool) -> None:  # fmt: skip
-    """The register of a saga (or of every saga of an order)."""
+    """The register of a saga (or of every saga of an order), and whether its order is blocked."""
     if (saga_id is None) == (order_id is None):
         raise click.UsageError("give a SAGA_ID or --order, not both")
 
-    async def work(store: Store) -> list[tuple[SagaState, list[dict[str, Any]]]]:
-        states = (
-            await store.by_order(order_id)
-            if order_id
-            else [s for s in [await store.get(saga_id or "")] if s]
-        )
-        return [(s, await store.history(s.saga_id) if history else []) for s in states]
+    async def work(store: Store) -> list[dict[str, Any]]:
+        if order_id:
+            states = await store.by_order(order_id)
+        else:
+            states = [s for s in [await store.get(saga_id or "")] if s]
+        items = []
+        for state in states:
+            item = state.register()
+            item["order_blocked_by"] = await store.blocks(state.order_id)
+            item["parked"] = len(await store.parked(state.order_id))
+            if history:
+                item["history"] = await store.history(state.saga_id)
+            items.append(item)
+        return items
 
-    found = _run(_with_store(_settings(ctx), work))
+    found = run_async(with_store(settings_of(ctx), work))
     if not found:
         raise click.ClickException(
             f"no saga {saga_id}" if saga_id else f"no saga for order {order_id}"
         )
     if as_json:
-        items = [{**s.register(), **({"history": h} if history else {})} for s, h in found]
-        _dump(items[0] if saga_id else items)
+        dump(found[0] if saga_id else found)
         return
-    for state, log in found:
-        click.echo(render_register(state))
-        if history:
-            click.echo(
-                table(
-                    ("handled at", "message", "note"),
-                    [(r["handled_at"], r["message_type"], r["note"]) for r in log],
-                )
-            )
-        click.echo()
+    for item in found:
+        _echo_item(item, history)
+
+
+def _echo_item(item: dict[str, Any], history: bool) -> None:
+    register = {k: v for k, v in item.items() if k not in ("order_blocked_by", "parked", "history")}
+    click.echo(render_register(SagaState.model_validate(register)))
+    for block in item["order_blocked_by"]:
+        click.echo(
+            f"order BLOCKED by {block['message_id']} ({block['state']}): {block['reason']};"
+            f" {item['parked']} message(s) parked behind it"
+            f" (see `saga dlq list --order {item['order_id']}`)"
+        )
+    if history:
+        rows = [(r["seq"], r["handled_at"], r["message_type"], r["note"]) for r in item["history"]]
+        click.echo(table(("seq", "handled at", "message", "note"), rows))
+    click.echo()
+
+
+STATUSES = ("waiting", "running", "compensating", "completed", "compensated", "needs_human",
+            "resolved", "blocked")  # fmt: skip
 
 
 @main.command("list")
-@click.option(
-    "--status",
-    type=click.Choice(["running", "compensating", "completed", "compensated", "needs_human"]),
-)
+@click.option("--status", type=click.Choice(STATUSES), help="blocked: orders held by dead letters")
 @click.option("--order", "order_id")
 @click.option("--limit", default=100, type=click.IntRange(1, 10_000))
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def list_(
-    ctx: click.Context, status: str | None, order_id: str | None, limit: int, as_json: bool
-) -> None:
-    """Sagas, newest first."""
-    rows = _run(_with_store(_settings(ctx), lambda s: s.list_sagas(status, order_id, limit)))
+def list_(ctx: click.Context, status: str | None, order_id: str | None, limit: int,
+          as_json: bool) -> None:  # fmt: skip
+    """Sagas, newest first (waiting ones say what they wait for); or blocked orders."""
+    settings = settings_of(ctx)
+    if status == "blocked":
+        rows = run_async(with_store(settings, lambda s: s.blocked_orders(limit)))
+        keys: tuple[str, ...] = (
+            "order_id",
+            "message_id",
+            "state",
+            "parked",
+            "created_at",
+            "reason",
+        )
+    else:
+        rows = run_async(with_store(settings, lambda s: s.list_sagas(status, order_id, limit)))
+        keys = ("saga_id", "order_id", "saga", "status", "waiting_for", "created_at", "updated_at")
     if as_json:
-        _dump(rows)
+        dump(rows)
         return
-    keys = ("saga_id", "order_id", "saga", "status", "created_at", "updated_at")
     click.echo(table(keys, [[r[k] for k in keys] for r in rows]))
 
 
 async def _lookup_order(settings: Settings, saga_id: str) -> str:
-    order = await _with_store(settings, lambda s: s.order_of(saga_id))
+    order = await with_store(settings, lambda s: s.order_of(saga_id))
     if order is None:
         raise click.ClickException(f"no saga {saga_id}")
     return order
@@ -291,7 +287,7 @@ def resume(
     ctx: click.Context, saga_id: str, note: str, wait_s: float | None, as_json: bool
 ) -> None:
     """Continue compensating a saga in needs_human, skipping what is already undone."""
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
 
     async def work() -> SagaState | None:
         order = await _lookup_order(settings, saga_id)
@@ -304,9 +300,9 @@ def resume(
             except TimeoutError:
                 click.echo(f"saga {saga_id}: no outcome within {wait_s}s", err=True)
                 sys.exit(EXIT_TIMEOUT)
-        return await _with_store(settings, lambda s: s.get(saga_id))
+        return await with_store(settings, lambda s: s.get(saga_id))
 
-    _print_outcome(saga_id, _run(work()), as_json)
+    _print_outcome(saga_id, run_async(work()), as_json)
 
 
 @main.command()
@@ -316,68 +312,15 @@ def resume(
 @click.pass_context
 def abort(ctx: click.Context, saga_id: str, reason: str, as_json: bool) -> None:
     """Stop a running saga and compensate everything that may have landed."""
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
 
     async def work() -> None:
         order = await _lookup_order(settings, saga_id)
         async with Bus(settings) as bus, SagaClient(bus) as client:
             await client.abort(saga_id, order_id=order, reason=reason)
 
-    _run(work())
-    _dump({"saga_id": saga_id, "aborted": True}) if as_json else click.echo(f"aborting {saga_id}")
-
-
-@main.group()
-def faults() -> None:
-    """Fault injection in the simulated systems, per action and order."""
-
-
-@faults.command("add")
-@click.argument("action")
-@click.option("--order", "order_id", required=True)
-@click.option("--mode", required=True, help="permanent | transient:N")
-@click.pass_context
-def faults_add(ctx: click.Context, action: str, order_id: str, mode: str) -> None:
-    try:
-        fault_store.parse_mode(mode)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--mode") from None
-    _run(_with_pool(_settings(ctx), lambda p: fault_store.add_fault(p, action, order_id, mode)))
-    click.echo(f"fault {mode} on {action} for order {order_id}")
-
-
-@faults.command("list")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def faults_list(ctx: click.Context, as_json: bool) -> None:
-    rows = _run(_with_pool(_settings(ctx), fault_store.list_faults))
-    if as_json:
-        _dump(rows)
-    else:
-        keys = ("action", "order_id", "mode", "remaining", "created_at")
-        click.echo(table(keys, [[r.get(k) for k in keys] for r in rows]))
-
-
-@faults.command("clear")
-@click.option("--order", "order_id", help="Only this order's faults")
-@click.pass_context
-def faults_clear(ctx: click.Context, order_id: str | None) -> None:
-    count = _run(_with_pool(_settings(ctx), lambda p: fault_store.clear_faults(p, order_id)))
-    click.echo(f"cleared {count} fault(s)")
-
-
-async def _with_pool(settings: Settings, work: Callable[[asyncpg.Pool], Awaitable[T]]) -> T:
-    return await _with_store(settings, lambda store: work(store.pool))
-
-
-@main.command()
-@click.option("--order", "order_id", required=True)
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def effects(ctx: click.Context, order_id: str, as_json: bool) -> None:
-    """What the simulated systems hold for an order, and how often each effect was applied."""
-    found = _run(_with_pool(_settings(ctx), lambda p: effects_for_order(p, order_id)))
-    _dump(found) if as_json else click.echo(render_effects(found))
+    run_async(work())
+    dump({"saga_id": saga_id, "aborted": True}) if as_json else click.echo(f"aborting {saga_id}")
 
 
 @main.command()
@@ -387,9 +330,9 @@ def effects(ctx: click.Context, order_id: str, as_json: bool) -> None:
 @click.pass_context
 def rejections(ctx: click.Context, order_id: str | None, limit: int, as_json: bool) -> None:
     """Commands the gateway refused, newest first, with the rule and the reason."""
-    rows = _run(_with_store(_settings(ctx), lambda s: s.rejections(order_id, limit)))
+    rows = run_async(with_store(settings_of(ctx), lambda s: s.rejections(order_id, limit)))
     if as_json:
-        _dump(rows)
+        dump(rows)
         return
     keys = ("rejected_at", "order_id", "command_type", "rule", "reason")
     click.echo(table(keys, [[r[k] for k in keys] for r in rows]))
@@ -400,8 +343,31 @@ def rejections(ctx: click.Context, order_id: str | None, limit: int, as_json: bo
 @click.pass_context
 def demo(ctx: click.Context, wait_s: float) -> None:
     """Act as an agent against a running stack: three sagas, each register printed."""
-    _run(run_demo(_settings(ctx), click.echo, wait_s))
+    run_async(run_demo(settings_of(ctx), click.echo, wait_s))
 
+
+@main.command()
+@click.argument("saga_id")
+@click.option("--note", required=True, help="What was decided, for the register")
+@actor_option
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def resolve(ctx: click.Context, saga_id: str, note: str, actor: str, as_json: bool) -> None:
+    """A person takes over a saga in needs_human: it ends as resolved and its order is freed."""
+    settings = settings_of(ctx)
+
+    async def work() -> SagaState | None:
+        order = await _lookup_order(settings, saga_id)
+        async with Bus(settings) as bus, SagaClient(bus) as client:
+            await client.resolve(saga_id, order_id=order, note=note, by=actor)
+        return await with_store(settings, lambda s: s.get(saga_id))
+
+    _print_outcome(saga_id, run_async(work()), as_json)
+
+
+main.add_command(dlq)
+main.add_command(faults)
+main.add_command(effects)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

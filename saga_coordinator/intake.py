@@ -8,6 +8,7 @@ import logging
 
 from aio_pika.abc import AbstractIncomingMessage
 
+from saga_coordinator.failures import failure_recorder
 from saga_coordinator.store import Store
 from shared.bus import Bus
 from shared.catalog import Catalog
@@ -38,9 +39,10 @@ class Intake:
         except PlanRejected as exc:
             await self._refuse(delivery.body, exc.rule, str(exc))
             return
-        # The partition keeps the message id, so a re-forwarded duplicate (crash before the ack
-        # below) is absorbed by the coordinator's inbox.
-        await self.bus.to_partition(command)
+        # The order's command number travels with the command; the partition keeps the message
+        # id, so a re-forwarded duplicate (crash before the ack) is absorbed by the inbox.
+        seq = await self.store.assign_seq(command.message_id, command.order_id)
+        await self.bus.to_partition(command.model_copy(update={"seq": seq}))
 
     async def _refuse(self, body: bytes, rule: str, reason: str) -> None:
         ids = peek(body)
@@ -63,9 +65,11 @@ class Intake:
             log.warning("could not reply to %s", reply_to, exc_info=True)
 
     async def run(self) -> None:
+        queue = self.bus.topology.intake_queue
         await self.bus.consume(
-            self.bus.topology.intake_queue,
+            queue,
             self.handle,
             prefetch=self.settings.partition_prefetch,
             mode="sequential",
+            on_failure=failure_recorder(self.store, queue, block_order=True),
         )

@@ -29,6 +29,7 @@ from shared.messages import (
     CommandReply,
     EventType,
     PartitionMessage,
+    ResolveSaga,
     ResumeSaga,
     SagaEvent,
     StartSaga,
@@ -53,8 +54,15 @@ class Transition:
 
 
 def decide(
-    state: SagaState | None, message: PartitionMessage, catalog: Catalog, now: datetime
+    state: SagaState | None,
+    message: PartitionMessage,
+    catalog: Catalog,
+    now: datetime,
+    *,
+    order_held_by: str | None = None,
 ) -> Transition:
+    """``order_held_by``: the saga that holds the order (running, compensating or needing a
+    person), if any; a new saga of the order then waits behind it."""
     if isinstance(message, StartSaga):
         if state is not None:
             return _ignored(state, f"saga {message.saga_id} already exists")
@@ -62,9 +70,9 @@ def decide(
             plan = admit(catalog, message)
         except PlanRejected as exc:
             return Transition(None, _reply(message, now, str(exc)), note=f"refused: {exc}")
-        return start(message, plan, now)
+        return start(message, plan, now, waiting_for=order_held_by)
     if state is None:
-        if isinstance(message, AbortSaga | ResumeSaga):
+        if isinstance(message, AbortSaga | ResumeSaga | ResolveSaga):
             reason = f"no saga {message.saga_id}"
             return Transition(None, _reply(message, now, reason), note=reason, changed=False)
         return Transition(None, note=f"no saga {message.saga_id}: ignored", changed=False)
@@ -72,12 +80,16 @@ def decide(
         return abort(state, message, now)
     if isinstance(message, ResumeSaga):
         return resume(state, message, now)
+    if isinstance(message, ResolveSaga):
+        return resolve(state, message, now)
     if message.phase == "compensation":
         return on_compensation_outcome(state, message, now)
     return on_forward_outcome(state, message, now)
 
 
-def start(command: StartSaga, plan: AdmittedPlan, now: datetime) -> Transition:
+def start(
+    command: StartSaga, plan: AdmittedPlan, now: datetime, *, waiting_for: str | None = None
+) -> Transition:
     steps = tuple(
         Step(
             index=s.index,
@@ -87,6 +99,7 @@ def start(command: StartSaga, plan: AdmittedPlan, now: datetime) -> Transition:
             timeout_s=s.spec.timeout_s,
             result_fields=s.spec.result,
             compensation=s.spec.compensation,
+            compensation_timeout_s=s.compensation_timeout_s,
             residue=s.spec.residue,
         )
         for s in plan.steps
@@ -95,23 +108,52 @@ def start(command: StartSaga, plan: AdmittedPlan, now: datetime) -> Transition:
         saga_id=command.saga_id,
         order_id=command.order_id,
         saga=plan.saga,
-        status="running",
+        status="waiting",
         steps=steps,
         compensation_priority=plan.compensation_priority,
         created_at=now,
         updated_at=now,
+        waiting_for=waiting_for,
     )
-    out: list[Outgoing] = [*_reply(command, now), _event(state, "saga.started", now)]
+    if waiting_for is not None:
+        detail = f"order {command.order_id} is held by saga {waiting_for}"
+        out: list[Outgoing] = [
+            *_reply(command, now),
+            _event(state, "saga.waiting", now, detail=detail),
+        ]
+        return Transition(state, tuple(out), note=f"waiting for {waiting_for}")
+    began = begin(state, now)
+    return Transition(began.state, (*_reply(command, now), *began.out), note="started")
+
+
+def begin(state: SagaState, now: datetime) -> Transition:
+    """A waiting saga takes the order: its first step goes out."""
+    state = state.model_copy(update={"status": "running", "waiting_for": None, "updated_at": now})
+    out: list[Outgoing] = [_event(state, "saga.started", now)]
     state = _advance(state, now, out)
     return Transition(state, tuple(out), note="started")
 
 
 def abort(state: SagaState, command: AbortSaga, now: datetime) -> Transition:
+    if state.status == "waiting":
+        decision = Decision(kind="abort", note=command.reason, at=now, by=command.by)
+        steps = tuple(s.model_copy(update={"status": "skipped"}) for s in state.steps)
+        state = state.model_copy(
+            update={
+                "steps": steps,
+                "reason": f"aborted before it started: {command.reason}",
+                "decisions": (*state.decisions, decision),
+                "waiting_for": None,
+            }
+        )
+        out: list[Outgoing] = list(_reply(command, now))
+        state = _finish(state, "compensated", "saga.compensated", now, out)
+        return Transition(state, tuple(out), note="aborted while waiting")
     if state.status != "running":
         reason = f"saga {state.saga_id} is {state.status}; only a running saga can be aborted"
         return Transition(state, _reply(command, now, reason), note=reason, changed=False)
-    decision = Decision(kind="abort", note=command.reason, at=now)
-    out: list[Outgoing] = list(_reply(command, now))
+    decision = Decision(kind="abort", note=command.reason, at=now, by=command.by)
+    out = list(_reply(command, now))
     state = state.model_copy(update={"decisions": (*state.decisions, decision)})
     state = _begin_compensation(state, f"aborted: {command.reason}", now, out)
     state = _advance(state, now, out)
@@ -133,7 +175,7 @@ def resume(state: SagaState, command: ResumeSaga, now: datetime) -> Transition:
         else s
         for s in state.steps
     )
-    decision = Decision(kind="resume", note=command.note, at=now)
+    decision = Decision(kind="resume", note=command.note, at=now, by=command.by)
     state = state.model_copy(
         update={
             "steps": steps,
@@ -146,6 +188,17 @@ def resume(state: SagaState, command: ResumeSaga, now: datetime) -> Transition:
     out: list[Outgoing] = [*_reply(command, now), _event(state, "saga.resumed", now)]
     state = _advance(state, now, out)
     return Transition(state, tuple(out), note="resumed")
+
+
+def resolve(state: SagaState, command: ResolveSaga, now: datetime) -> Transition:
+    if state.status != "needs_human":
+        reason = f"saga {state.saga_id} is {state.status}; only needs_human can be resolved"
+        return Transition(state, _reply(command, now, reason), note=reason, changed=False)
+    decision = Decision(kind="resolve", note=command.note, at=now, by=command.by)
+    state = state.model_copy(update={"decisions": (*state.decisions, decision)})
+    out: list[Outgoing] = list(_reply(command, now))
+    state = _finish(state, "resolved", "saga.resolved", now, out)
+    return Transition(state, tuple(out), note="resolved by a person")
 
 
 def on_forward_outcome(
@@ -162,7 +215,9 @@ def on_forward_outcome(
     out: list[Outgoing] = []
     common = {"attempts": step.attempts + message.tries, "finished_at": now}
     if isinstance(message, ActionDone):
-        missing = [f for f in step.result_fields if message.result.get(f) in (None, "")]
+        # Only an action with a way back needs its identifiers: without them it cannot be undone.
+        needed = step.result_fields if step.action_class.needs_compensation else ()
+        missing = [f for f in needed if message.result.get(f) in (None, "")]
         if not missing:
             step = step.model_copy(
                 update={
@@ -214,7 +269,6 @@ def on_compensation_outcome(
                 "compensation_status": "compensated",
                 "compensation_attempts": attempts,
                 "compensation_result": message.result,
-                "compensation_error": None,
                 "compensated_at": now,
             }
         )
@@ -375,7 +429,9 @@ def _event(
 
 
 def _reply(
-    command: StartSaga | AbortSaga | ResumeSaga, now: datetime, refusal: str | None = None
+    command: StartSaga | AbortSaga | ResumeSaga | ResolveSaga,
+    now: datetime,
+    refusal: str | None = None,
 ) -> tuple[Reply, ...]:
     if command.reply_to is None:
         return ()

@@ -13,7 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from shared.catalog import ActionClass
 
-SagaStatus = Literal["running", "compensating", "completed", "compensated", "needs_human"]
+SagaStatus = Literal[
+    "waiting", "running", "compensating", "completed", "compensated", "needs_human", "resolved"
+]
 StepStatus = Literal[
     "pending", "running", "done", "failed", "compensated", "compensation_failed", "skipped"
 ]
@@ -21,8 +23,9 @@ StepStatus = Literal[
 # compensation's own lifecycle; impossible: an irreversible action that landed.
 CompensationStatus = Literal["none", "pending", "running", "compensated", "failed", "impossible"]
 
-TERMINAL: frozenset[str] = frozenset({"completed", "compensated"})
-ACTIVE: frozenset[str] = frozenset({"running", "compensating"})
+TERMINAL: frozenset[str] = frozenset({"completed", "compensated", "resolved"})
+# A saga in one of these holds its order: later sagas of the order wait behind it.
+HOLDS_ORDER: frozenset[str] = frozenset({"running", "compensating", "needs_human"})
 
 
 class _Frozen(BaseModel):
@@ -72,11 +75,12 @@ class Step(_Frozen):
 
 
 class Decision(_Frozen):
-    """Who decided what, for the register (resumes, aborts)."""
+    """Who decided what, for the register (aborts, resumes, resolves)."""
 
     kind: str
     note: str
     at: datetime
+    by: str = ""
 
 
 class SagaState(_Frozen):
@@ -93,6 +97,7 @@ class SagaState(_Frozen):
     updated_at: datetime
     finished_at: datetime | None = None
     decisions: tuple[Decision, ...] = ()
+    waiting_for: str | None = None  # the saga holding the order, while this one waits
 
     def step(self, index: int) -> Step | None:
         return self.steps[index] if 0 <= index < len(self.steps) else None

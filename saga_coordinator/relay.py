@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from typing import Any
 
 import asyncpg
 
-from saga_coordinator.store import RELAY_LOCK, TRANSIENT_DB_ERRORS, Q
+from saga_coordinator.dead_letters import UNROUTABLE_ERRORS, bury_unroutable
+from saga_coordinator.store import RELAY_LOCK, TRANSIENT_DB_ERRORS, Q, Tx
 from shared.bus import Bus
 from shared.codec import to_amqp
 from shared.config import Settings
@@ -43,8 +45,13 @@ class Relay:
                     message_id=row["message_id"],
                     message_type=row["message_type"],
                     order_id=row["order_id"],
+                    headers=json.loads(row["headers"]),
                 )
-                await self.bus.publish_raw(row["exchange"], row["routing_key"], message)
+                try:
+                    await self.bus.publish_raw(row["exchange"], row["routing_key"], message)
+                except UNROUTABLE_ERRORS as exc:
+                    log.error("outbox row %s cannot be routed: %s", row["id"], exc)
+                    await bury_unroutable(Tx(conn), row, exc)
             if rows:
                 await conn.execute(Q.outbox_delete, [r["id"] for r in rows])
             return len(rows)

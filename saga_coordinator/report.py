@@ -67,7 +67,7 @@ def render_register(state: SagaState) -> str:
     residues = [
         f"  step {s.index} {s.action}: {s.residue}"
         for s in state.steps
-        if s.residue and s.status in ("compensated", "compensation_failed", "done")
+        if s.residue and s.status in ("compensated", "compensation_failed")
     ] + [
         f"  step {s.index} {s.action}: irreversible and already done; it cannot be undone"
         for s in state.steps

@@ -1,29 +1,26 @@
 """The one interface to the coordinator's Postgres tables.
 
-``apply`` is the heart of crash safety: for one consumed message it records the message in the
-inbox, locks the saga row, runs the pure decision, stores the register and writes the outgoing
-messages to the outbox, all in one transaction. A redelivered duplicate hits the inbox's primary
-key and changes nothing.
+``Store.run(work)`` runs ``work(tx)`` in one transaction and retries it while the database is
+away (the message stays unacked meanwhile, so no delivery attempt is burnt on an outage). ``Tx``
+holds every statement a transaction may need; the logic that strings them together lives in
+``saga_coordinator.processor``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_exponential,
-)
+from asyncpg.pool import PoolConnectionProxy
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from saga_coordinator.machine import Transition
+from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.register import SagaState
 from shared.errors import RetryLater
 from shared.messages import Envelope
@@ -32,6 +29,8 @@ from shared.sql import Queries
 log = logging.getLogger(__name__)
 Q = Queries(Path(__file__).with_name("queries.sql"))
 RELAY_LOCK = 0x5A6A0B
+T = TypeVar("T")
+Conn = asyncpg.Connection | PoolConnectionProxy
 
 # Errors after which the same transaction may well succeed: the database is restarting or
 # unreachable, or two transactions collided.
@@ -42,6 +41,8 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.CannotConnectNowError,
     asyncpg.SerializationError,
     asyncpg.DeadlockDetectedError,
+    asyncpg.AdminShutdownError,
+    asyncpg.TooManyConnectionsError,
 )
 
 
@@ -49,12 +50,111 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
 class OutboxRow:
     exchange: str
     routing_key: str
-    message: Envelope
+    message_id: str
+    message_type: str
+    order_id: str
+    body: bytes
+    headers: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, exchange: str, routing_key: str, message: Envelope) -> OutboxRow:
+        body = message.model_dump_json().encode()
+        return cls(exchange, routing_key, message.message_id, message.type, message.order_id, body)
 
 
 @dataclass(frozen=True)
-class Handled:
-    transition: Transition | None  # None: a duplicate, absorbed by the inbox
+class Parked:
+    id: int
+    message_id: str
+    message_type: str
+    seq: int | None
+    reason: str
+    body: bytes
+
+
+class Tx:
+    """The statements of one transaction. Created by ``Store.run``."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    async def inbox_insert(self, message_id: str, saga_id: str) -> bool:
+        return bool(await self.conn.fetchval(Q.inbox_insert, message_id, saga_id))
+
+    async def lock_order(self, order_id: str) -> OrderView:
+        row = await self.conn.fetchrow(Q.order_lock, order_id)
+        assert row is not None
+        blocks = tuple(Block(b["message_id"], b["state"]) for b in json.loads(row["blocks"]))
+        return OrderView(order_id, row["active_saga_id"], row["next_seq"], row["handled"], blocks)
+
+    async def save_order(self, order: OrderView) -> None:
+        await self.conn.execute(
+            Q.order_save, order.order_id, order.active_saga_id, order.next_seq, order.handled
+        )
+
+    async def block(self, order_id: str, message_id: str, state: str, reason: str) -> None:
+        await self.conn.execute(Q.block_upsert, order_id, message_id, state, reason[:2000])
+
+    async def unblock(self, order_id: str, message_id: str) -> None:
+        await self.conn.execute(Q.block_delete, order_id, message_id)
+
+    async def park(self, message: Envelope, seq: int | None, reason: str) -> None:
+        body = message.model_dump_json().encode()
+        await self.conn.execute(
+            Q.park_insert, message.order_id, message.message_id, message.type, seq, reason, body
+        )
+
+    async def parked(self, order_id: str) -> list[Parked]:
+        rows = await self.conn.fetch(Q.parked_for_order, order_id)
+        return [
+            Parked(r["id"], r["message_id"], r["message_type"], r["seq"], r["reason"], r["body"])
+            for r in rows
+        ]
+
+    async def unpark(self, parked_id: int) -> None:
+        await self.conn.execute(Q.parked_delete, parked_id)
+
+    async def lock_saga(self, saga_id: str) -> SagaState | None:
+        raw = await self.conn.fetchval(Q.saga_lock, saga_id)
+        return None if raw is None else SagaState.model_validate_json(raw)
+
+    async def next_waiting(self, order_id: str) -> SagaState | None:
+        raw = await self.conn.fetchval(Q.waiting_next, order_id)
+        return None if raw is None else SagaState.model_validate_json(raw)
+
+    async def save_saga(self, state: SagaState, *, new: bool, now: datetime) -> None:
+        body = state.model_dump_json()
+        if new:
+            await self.conn.execute(
+                Q.saga_insert, state.saga_id, state.order_id, state.saga, state.status, body, now
+            )
+        else:
+            await self.conn.execute(Q.saga_update, state.saga_id, state.status, body, now)
+
+    async def log(self, message: Envelope, saga_id: str, note: str, seq: int | None) -> None:
+        await self.conn.execute(
+            Q.log_insert, saga_id, message.order_id, message.message_id, message.type, note, seq
+        )
+
+    async def outbox(self, rows: Sequence[OutboxRow]) -> None:
+        if not rows:
+            return
+        await self.conn.executemany(
+            Q.outbox_insert,
+            [
+                (
+                    r.exchange,
+                    r.routing_key,
+                    r.message_id,
+                    r.message_type,
+                    r.order_id,
+                    r.body,
+                    json.dumps(r.headers),
+                )
+                for r in rows
+            ],
+        )
+        await self.conn.execute(Q.outbox_notify)
 
 
 class Store:
@@ -62,91 +162,65 @@ class Store:
         self.pool = pool
         self._db_retry_s = db_retry_s
 
-    async def _retrying(self) -> AsyncRetrying:
-        return AsyncRetrying(
+    async def run(self, work: Callable[[Tx], Awaitable[T]]) -> T:
+        """``work`` in one transaction, retried from the start while the database is away."""
+        retrying = AsyncRetrying(
             retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
             wait=wait_exponential(multiplier=0.05, max=2.0),
             stop=stop_after_delay(self._db_retry_s),
             reraise=True,
         )
-
-    async def apply(
-        self,
-        message: Envelope,
-        decide: Callable[[SagaState | None], Transition],
-        route: Callable[[Transition], Sequence[OutboxRow]],
-        now: datetime,
-    ) -> Handled:
-        """Handle one message in one transaction, retrying the database while it is away (the
-        message stays unacked meanwhile, so no delivery attempt is burnt on an outage)."""
         try:
-            async for attempt in await self._retrying():
+            async for attempt in retrying:
                 with attempt:
-                    return await self._apply_once(message, decide, route, now)
+                    async with self.pool.acquire() as conn, conn.transaction():
+                        return await work(Tx(conn))
         except TRANSIENT_DB_ERRORS as exc:
             raise RetryLater(f"database unavailable: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _apply_once(
-        self,
-        message: Envelope,
-        decide: Callable[[SagaState | None], Transition],
-        route: Callable[[Transition], Sequence[OutboxRow]],
-        now: datetime,
-    ) -> Handled:
-        async with self.pool.acquire() as conn, conn.transaction():
-            if not await conn.fetchval(Q.inbox_insert, message.message_id, message.saga_id):
-                return Handled(None)
-            raw = await conn.fetchval(Q.saga_lock, message.saga_id)
-            before = None if raw is None else SagaState.model_validate_json(raw)
-            transition = decide(before)
-            after = transition.state
-            if after is not None and transition.changed:
-                body = after.model_dump_json()
-                if before is None:
-                    await conn.execute(
-                        Q.saga_insert,
-                        after.saga_id,
-                        after.order_id,
-                        after.saga,
-                        after.status,
-                        body,
-                        now,
-                    )
-                else:
-                    await conn.execute(Q.saga_update, after.saga_id, after.status, body, now)
-            await conn.execute(
-                Q.log_insert,
-                message.saga_id,
-                message.order_id,
-                message.message_id,
-                message.type,
-                transition.note,
-            )
-            rows = route(transition)
-            if rows:
-                await conn.executemany(Q.outbox_insert, [_outbox_args(r) for r in rows])
-                await conn.execute(Q.outbox_notify)
-            return Handled(transition)
-
     async def record_rejection(
         self, *, ids: dict[str, str | None], rule: str, reason: str, body: bytes
     ) -> None:
-        try:
-            async for attempt in await self._retrying():
-                with attempt:
-                    await self.pool.execute(
-                        Q.rejection_insert,
-                        ids.get("message_id"),
-                        ids.get("saga_id"),
-                        ids.get("order_id"),
-                        ids.get("type"),
-                        rule,
-                        reason,
-                        body,
-                    )
-        except TRANSIENT_DB_ERRORS as exc:
-            raise RetryLater(f"database unavailable: {exc}") from exc
+        async def work(tx: Tx) -> None:
+            await tx.conn.execute(
+                Q.rejection_insert,
+                ids.get("message_id"),
+                ids.get("saga_id"),
+                ids.get("order_id"),
+                ids.get("type"),
+                rule,
+                reason,
+                body,
+            )
+
+        await self.run(work)
+
+    async def record_failure(
+        self, *, message_id: str, order_id: str | None, queue: str, error: str, block: str | None
+    ) -> None:
+        """One failed attempt: its error (for the dead letter) and, when asked, a block on the
+        order so that its later messages wait instead of overtaking this one."""
+
+        async def work(tx: Tx) -> None:
+            await tx.conn.execute(Q.failure_upsert, message_id, order_id, queue, error[:4000])
+            if block is not None and order_id is not None:
+                await tx.block(order_id, message_id, block, error)
+
+        await self.run(work)
+
+    async def assign_seq(self, message_id: str, order_id: str) -> int:
+        """The order's next command number, or the one this message already got."""
+
+        async def work(tx: Tx) -> int:
+            existing = await tx.conn.fetchval(Q.seq_existing, message_id)
+            if existing is not None:
+                return int(existing)
+            seq = int(await tx.conn.fetchval(Q.seq_next, order_id))
+            await tx.conn.execute(Q.seq_record, message_id, order_id, seq)
+            return seq
+
+        return await self.run(work)
 
     # --- reads for operators ------------------------------------------------------------------
     async def get(self, saga_id: str) -> SagaState | None:
@@ -175,11 +249,15 @@ class Store:
     ) -> list[dict[str, Any]]:
         return [dict(r) for r in await self.pool.fetch(Q.rejection_list, order_id, limit)]
 
+    async def blocks(self, order_id: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.pool.fetch(Q.blocks_for_order, order_id)]
+
+    async def blocked_orders(self, limit: int = 100) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.pool.fetch(Q.blocked_orders, limit)]
+
+    async def parked(self, order_id: str) -> list[dict[str, Any]]:
+        rows = await self.pool.fetch(Q.parked_for_order, order_id)
+        return [{k: v for k, v in dict(r).items() if k != "body"} for r in rows]
+
     async def outbox_pending(self) -> int:
         return int(await self.pool.fetchval(Q.outbox_pending))
-
-
-def _outbox_args(row: OutboxRow) -> tuple[str, str, str, str, str, bytes]:
-    msg = row.message
-    body = msg.model_dump_json().encode()
-    return (row.exchange, row.routing_key, msg.message_id, msg.type, msg.order_id, body)

@@ -16,7 +16,7 @@ from aio_pika.abc import (
 
 from shared.codec import message_to_amqp
 from shared.config import Settings
-from shared.delivery import Handler, deliver
+from shared.delivery import FailureHook, Handler, deliver
 from shared.messages import Envelope
 from shared.topology import Topology
 
@@ -67,6 +67,11 @@ class Bus:
     async def _exchange(self, name: str) -> AbstractExchange:
         if self._publisher is None:
             raise RuntimeError("Bus is not connected")
+        if self._publisher.is_closed:
+            # The broker closes a channel on some errors (a publish to a deleted exchange):
+            # reopen it so one bad message does not stop every later publish.
+            await self._publisher.reopen()
+            self._exchanges.clear()
         if name == "":
             return self._publisher.default_exchange
         exchange = self._exchanges.get(name)
@@ -101,6 +106,7 @@ class Bus:
         *,
         prefetch: int,
         mode: Literal["sequential", "concurrent"],
+        on_failure: FailureHook | None = None,
     ) -> None:
         """Consume until cancelled. ``sequential`` handles one delivery at a time in queue order
         (aio-pika would otherwise run one task per delivery and lose the order)."""
@@ -111,11 +117,11 @@ class Bus:
             if mode == "sequential":
                 async with queue.iterator() as deliveries:
                     async for message in deliveries:
-                        await deliver(message, handler)
+                        await deliver(message, handler, on_failure)
             else:
 
                 async def on_message(message: AbstractIncomingMessage) -> None:
-                    await deliver(message, handler)
+                    await deliver(message, handler, on_failure)
 
                 tag = await queue.consume(on_message)
                 try:

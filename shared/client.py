@@ -24,14 +24,16 @@ from shared.codec import decode
 from shared.errors import InvalidMessage, SagaError
 from shared.messages import (
     AbortSaga,
+    AnyCommand,
     CommandReply,
     Plan,
+    ResolveSaga,
     ResumeSaga,
     SagaEvent,
     StartSaga,
 )
 
-TERMINAL_EVENTS = ("saga.completed", "saga.compensated", "saga.needs_human")
+TERMINAL_EVENTS = ("saga.completed", "saga.compensated", "saga.needs_human", "saga.resolved")
 _REPLY: TypeAdapter[CommandReply] = TypeAdapter(CommandReply)
 _EVENT: TypeAdapter[SagaEvent] = TypeAdapter(SagaEvent)
 
@@ -105,8 +107,17 @@ class SagaClient:
         )
         await self._send(cmd)
 
-    async def resume(self, saga_id: str, *, order_id: str, note: str = "") -> None:
-        cmd = ResumeSaga(saga_id=saga_id, order_id=order_id, note=note, reply_to=self._reply_to())
+    async def resume(self, saga_id: str, *, order_id: str, note: str = "", by: str = "") -> None:
+        cmd = ResumeSaga(
+            saga_id=saga_id, order_id=order_id, note=note, by=by, reply_to=self._reply_to()
+        )
+        await self._send(cmd)
+
+    async def resolve(self, saga_id: str, *, order_id: str, note: str, by: str = "") -> None:
+        """A person takes over a saga in ``needs_human``; its order is released."""
+        cmd = ResolveSaga(
+            saga_id=saga_id, order_id=order_id, note=note, by=by, reply_to=self._reply_to()
+        )
         await self._send(cmd)
 
     async def wait(self, saga_id: str, seconds: float) -> SagaEvent:
@@ -132,7 +143,7 @@ class SagaClient:
             raise RuntimeError("SagaClient is not open")
         return self._reply_queue.name
 
-    async def _send(self, command: StartSaga | AbortSaga | ResumeSaga) -> CommandReply:
+    async def _send(self, command: AnyCommand) -> CommandReply:
         future: asyncio.Future[CommandReply] = asyncio.get_running_loop().create_future()
         self._pending[command.message_id] = future
         try:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
@@ -23,7 +25,14 @@ def encode(message: Envelope) -> bytes:
     return message.model_dump_json().encode()
 
 
-def to_amqp(body: bytes, *, message_id: str, message_type: str, order_id: str) -> aio_pika.Message:
+def to_amqp(
+    body: bytes,
+    *,
+    message_id: str,
+    message_type: str,
+    order_id: str,
+    headers: dict[str, Any] | None = None,
+) -> aio_pika.Message:
     """Build the AMQP message from an encoded body (the outbox stores bodies, not models)."""
     return aio_pika.Message(
         body,
@@ -31,7 +40,7 @@ def to_amqp(body: bytes, *, message_id: str, message_type: str, order_id: str) -
         message_id=message_id,
         type=message_type,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        headers={"x-order-id": order_id},
+        headers={"x-order-id": order_id, **(headers or {})},
     )
 
 
@@ -92,3 +101,27 @@ def peek(body: bytes) -> dict[str, str | None]:
     return {
         k: v if isinstance(v, str) and len(v) <= 255 else None for k in keys for v in [raw.get(k)]
     }
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a possibly broken message is: enough to name it, block its order and replay it."""
+
+    message_id: str
+    order_id: str | None
+    saga_id: str | None
+    message_type: str | None
+
+
+def identify(body: bytes, message_id: str | None, headers: dict[str, Any]) -> Identity:
+    """The AMQP properties first, then the body; a message with no id at all is named by a hash
+    of its body, so every component names the same broken message the same way."""
+    seen = peek(body)
+    header_order = headers.get("x-order-id")
+    order_id = header_order if isinstance(header_order, str) else seen["order_id"]
+    mid = message_id or seen["message_id"] or f"body:{hashlib.sha256(body).hexdigest()[:24]}"
+    return Identity(mid, order_id, seen["saga_id"], seen["type"])
+
+
+def identify_incoming(message: AbstractIncomingMessage) -> Identity:
+    return identify(message.body, message.message_id, dict(message.headers or {}))

@@ -46,6 +46,14 @@ class Settings:
             raise ConfigError(f"SAGA_DELIVERY_LIMIT {self.delivery_limit}: must be 1..1000")
         if self.max_message_bytes < 1024:
             raise ConfigError("SAGA_MAX_MESSAGE_BYTES: must be at least 1024")
+        for name in ("adapter_prefetch", "partition_prefetch", "relay_batch"):
+            if not 1 <= getattr(self, name) <= 10_000:
+                raise ConfigError(f"SAGA_{name.upper()}={getattr(self, name)}: must be 1..10000")
+        for name in ("publish_timeout_s", "relay_poll_s"):
+            if not 0 < getattr(self, name) <= 3600:
+                raise ConfigError(
+                    f"SAGA_{name.upper()}={getattr(self, name)}: must be in (0, 3600]"
+                )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -18,6 +18,9 @@ from shared.errors import InvalidMessage, RetryLater
 log = logging.getLogger(__name__)
 
 Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
+# Told of every failure before the delivery is settled: records the error (for the dead letter)
+# and blocks the message's order, so later messages of the order wait instead of overtaking it.
+FailureHook = Callable[[AbstractIncomingMessage, BaseException, "Outcome"], Awaitable[None]]
 
 
 class Outcome(StrEnum):
@@ -46,7 +49,9 @@ async def settle(message: AbstractIncomingMessage, outcome: Outcome) -> None:
         await message.reject(requeue=False)
 
 
-async def deliver(message: AbstractIncomingMessage, handler: Handler) -> Outcome:
+async def deliver(
+    message: AbstractIncomingMessage, handler: Handler, on_failure: FailureHook | None = None
+) -> Outcome:
     """Run one handler on one delivery and settle it. Cancellation leaves it unsettled: the
     broker redelivers it when the channel closes, which is what a graceful stop wants."""
     try:
@@ -64,6 +69,11 @@ async def deliver(message: AbstractIncomingMessage, handler: Handler) -> Outcome
             outcome.value,
             exc_info=not isinstance(exc, InvalidMessage | RetryLater),
         )
+        if on_failure is not None:
+            try:
+                await on_failure(message, exc, outcome)
+            except Exception:
+                log.warning("could not record the failure of %s", message.message_id, exc_info=True)
     else:
         outcome = Outcome.ACK
     await settle(message, outcome)

@@ -8,16 +8,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ConfigDict, ValidationError, create_model
+from pydantic import BeforeValidator, ConfigDict, ValidationError, create_model
 
 from shared.catalog import ActionClass, ActionSpec, Catalog
 from shared.errors import CatalogError, PlanRejected
 from shared.messages import Plan, StartSaga
 from shared.topology import SERVICES
 
-_PY_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
+
+def _no_bool(value: Any) -> Any:
+    # Lax mode would read true as 1; a boolean for a number is a mistake worth naming.
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not a boolean")
+    return value
+
+
+_PY_TYPES: dict[str, Any] = {
+    "str": str,
+    "int": Annotated[int, BeforeValidator(_no_bool)],
+    "float": Annotated[float, BeforeValidator(_no_bool)],
+    "bool": bool,
+}
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,7 @@ class AdmittedStep:
     action: str
     spec: ActionSpec
     params: dict[str, Any]
+    compensation_timeout_s: float
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,7 @@ def check_action(catalog: Catalog, name: str, spec: ActionSpec) -> None:
 def check_plan(catalog: Catalog, steps: Sequence[str], priority: Sequence[str] = ()) -> None:
     """Rules about an ordered plan. Raises ``PlanRejected`` at the first broken rule."""
     seen: set[str] = set()
+    undoers: dict[str, str] = {}
     last_compensable: int | None = None
     for index, name in enumerate(steps):
         spec = catalog.actions.get(name)
@@ -81,6 +96,15 @@ def check_plan(catalog: Catalog, steps: Sequence[str], priority: Sequence[str] =
             raise PlanRejected(exc.rule, exc.detail, step=index) from None
         if spec.action_class.needs_compensation:
             last_compensable = index
+            assert spec.compensation is not None  # check_action made sure of it
+            if spec.compensation in undoers:
+                # Its idempotency key is saga_id:compensation: two undos would share one key.
+                raise PlanRejected(
+                    "duplicate_compensation",
+                    f"{name} and {undoers[spec.compensation]} share {spec.compensation}",
+                    step=index,
+                )
+            undoers[spec.compensation] = name
     for index, name in enumerate(steps):
         spec = catalog.actions[name]
         if (
@@ -115,7 +139,7 @@ def check_catalog(catalog: Catalog, *, source: str = "catalog") -> None:
                 f"step {exc.step} ({definition.steps[exc.step]})" if exc.step is not None else ""
             )
             raise CatalogError(
-                f"{source}: saga {saga!r} {where}: {exc.detail} [{exc.rule}]".replace("  ", " ")
+                f"{source}: saga {saga!r}{' ' if where else ''}{where}: {exc.detail} [{exc.rule}]"
             ) from None
 
 
@@ -138,6 +162,12 @@ def validate_params(
     return tuple({k: clean[k] for k in catalog.actions[name].params} for name in steps)
 
 
+def _compensation_timeout(catalog: Catalog, action: str) -> float:
+    name = catalog.actions[action].compensation
+    spec = catalog.compensations.get(name) if name else None
+    return spec.timeout_s if spec is not None else catalog.actions[action].timeout_s
+
+
 def admit(catalog: Catalog, command: StartSaga) -> AdmittedPlan:
     """Everything the gateway checks for a start command; the admitted plan snapshots the
     catalog so that editing the catalog later never changes a saga already running."""
@@ -158,7 +188,7 @@ def admit(catalog: Catalog, command: StartSaga) -> AdmittedPlan:
     return AdmittedPlan(
         saga=name,
         steps=tuple(
-            AdmittedStep(i, a, catalog.actions[a], p)
+            AdmittedStep(i, a, catalog.actions[a], p, _compensation_timeout(catalog, a))
             for i, (a, p) in enumerate(zip(steps, per_step, strict=True))
         ),
         compensation_priority=tuple(priority),

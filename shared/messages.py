@@ -58,12 +58,20 @@ class Plan(BaseModel):
     compensation_priority: tuple[ActionName, ...] = ()
 
 
-class StartSaga(Envelope):
+class _Command(Envelope):
+    reply_to: str | None = Field(default=None, max_length=255)
+    # Who asked (a person's or an agent's name), for the register.
+    by: str = Field(default="", max_length=200)
+    # Set by the intake: the order's command number, in arrival order. The coordinator applies
+    # commands of one order strictly in this order and parks any that arrive ahead of a gap.
+    seq: int | None = Field(default=None, ge=1)
+
+
+class StartSaga(_Command):
     type: Literal["saga.start"] = "saga.start"
     saga: Identifier | None = None
     plan: Plan | None = None
     params: Params = Field(default_factory=dict)
-    reply_to: str | None = Field(default=None, max_length=255)
 
     @model_validator(mode="after")
     def _one_of_saga_or_plan(self) -> StartSaga:
@@ -72,19 +80,25 @@ class StartSaga(Envelope):
         return self
 
 
-class AbortSaga(Envelope):
+class AbortSaga(_Command):
     type: Literal["saga.abort"] = "saga.abort"
     reason: str = Field(min_length=1, max_length=2000)
-    reply_to: str | None = Field(default=None, max_length=255)
 
 
-class ResumeSaga(Envelope):
+class ResumeSaga(_Command):
     type: Literal["saga.resume"] = "saga.resume"
     note: str = Field(default="", max_length=2000)
-    reply_to: str | None = Field(default=None, max_length=255)
 
 
-Command = Annotated[StartSaga | AbortSaga | ResumeSaga, Field(discriminator="type")]
+class ResolveSaga(_Command):
+    """A person takes over a saga stuck in ``needs_human``: it ends as ``resolved``."""
+
+    type: Literal["saga.resolve"] = "saga.resolve"
+    note: str = Field(min_length=1, max_length=2000)
+
+
+AnyCommand = StartSaga | AbortSaga | ResumeSaga | ResolveSaga
+Command = Annotated[AnyCommand, Field(discriminator="type")]
 
 # --- actions: coordinator -> adapters -> partition ---------------------------------------------
 
@@ -125,7 +139,8 @@ class ActionFailed(_ActionOutcome):
 ActionOutcome = Annotated[ActionDone | ActionFailed, Field(discriminator="type")]
 
 PartitionMessage = Annotated[
-    StartSaga | AbortSaga | ResumeSaga | ActionDone | ActionFailed, Field(discriminator="type")
+    StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ActionDone | ActionFailed,
+    Field(discriminator="type"),
 ]
 
 # --- out: replies to agents and public lifecycle events ----------------------------------------
@@ -151,6 +166,8 @@ EventType = Literal[
     "saga.compensated",
     "saga.needs_human",
     "saga.resumed",
+    "saga.waiting",
+    "saga.resolved",
 ]
 
 

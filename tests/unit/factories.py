@@ -22,6 +22,7 @@ from shared.messages import (
     PartitionMessage,
     Plan,
     PlanStep,
+    ResolveSaga,
     ResumeSaga,
     SagaEvent,
     StartSaga,
@@ -54,9 +55,7 @@ def real_catalog() -> Catalog:
 # --- ad-hoc catalogs -----------------------------------------------------------------------------
 
 
-def compensable(
-    compensation: str, result: Sequence[str] = ("id",), **extra: Any
-) -> dict[str, Any]:
+def compensable(compensation: str, result: Sequence[str] = ("id",), **extra: Any) -> dict[str, Any]:
     return {"class": "compensable", "compensation": compensation, "result": list(result), **extra}
 
 
@@ -234,6 +233,10 @@ class Driver:
         assert self.state is not None
         return self.state
 
+    def status(self) -> str:
+        """The saga's status now (a method, so that a type checker never narrows it)."""
+        return self.st.status
+
     @property
     def saga_id(self) -> str:
         return self.st.saga_id
@@ -291,17 +294,38 @@ class Driver:
         req = request or self.last_request
         return self.feed(failed_for(req, reason, effect_unknown=effect_unknown, tries=tries))
 
-    def abort(self, reason: str = "the customer cancelled", reply_to: str | None = None) -> Transition:
+    def abort(
+        self, reason: str = "the customer cancelled", by: str = "", reply_to: str | None = None
+    ) -> Transition:
         return self.feed(
             AbortSaga(
-                saga_id=self.saga_id, order_id=self.st.order_id, reason=reason, reply_to=reply_to
+                saga_id=self.saga_id,
+                order_id=self.st.order_id,
+                reason=reason,
+                by=by,
+                reply_to=reply_to,
             )
         )
 
-    def resume(self, note: str = "fixed by hand", reply_to: str | None = None) -> Transition:
+    def resume(
+        self, note: str = "fixed by hand", by: str = "", reply_to: str | None = None
+    ) -> Transition:
         return self.feed(
             ResumeSaga(
-                saga_id=self.saga_id, order_id=self.st.order_id, note=note, reply_to=reply_to
+                saga_id=self.saga_id, order_id=self.st.order_id, note=note, by=by, reply_to=reply_to
+            )
+        )
+
+    def resolve(
+        self, note: str = "undone by hand", by: str = "", reply_to: str | None = None
+    ) -> Transition:
+        return self.feed(
+            ResolveSaga(
+                saga_id=self.saga_id,
+                order_id=self.st.order_id,
+                note=note,
+                by=by,
+                reply_to=reply_to,
             )
         )
 

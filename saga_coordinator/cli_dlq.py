@@ -1,0 +1,195 @@
+"""``saga dlq``: find, understand, replay or discard dead letters."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import click
+
+from saga_coordinator.cli_support import dump, run_async, settings_of, with_store
+from saga_coordinator.dead_letters import DeadLetterDesk, Handled
+from saga_coordinator.processor import Processor
+from saga_coordinator.report import table
+from saga_coordinator.store import Store
+from shared.catalog import load_catalog
+from shared.config import Settings
+from shared.topology import Topology
+
+_RELATIVE = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_since(text: str | None) -> datetime | None:
+    """``30m``, ``2h``, ``1d`` ago, or an ISO timestamp (UTC when no zone is given)."""
+    if text is None:
+        return None
+    match = _RELATIVE.match(text.strip())
+    if match:
+        return datetime.now(UTC) - timedelta(**{_UNITS[match[2]]: int(match[1])})
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r}: use 30m, 2h, 1d or an ISO time", param_hint="--since"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _desk(settings: Settings, store: Store) -> DeadLetterDesk:
+    processor = Processor(load_catalog(settings.catalog_file), Topology.from_settings(settings))
+    return DeadLetterDesk(store, processor)
+
+
+def default_actor() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "operator"
+
+
+actor_option = click.option(
+    "--by", "actor", envvar="SAGA_ACTOR", default=default_actor, help="Who [SAGA_ACTOR]"
+)
+
+
+@click.group()
+def dlq() -> None:
+    """Dead letters: messages that could not be handled, and what waits behind them."""
+
+
+@dlq.command("list")
+@click.option("--order", "order_id")
+@click.option("--reason", help="delivery_limit, rejected, ...")
+@click.option("--since", help="30m, 2h, 1d or an ISO time")
+@click.option("--status", type=click.Choice(["dead", "replayed", "discarded"]))
+@click.option("--limit", default=100, type=click.IntRange(1, 10_000))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def dlq_list(ctx: click.Context, order_id: str | None, reason: str | None, since: str | None,
+             status: str | None, limit: int, as_json: bool) -> None:  # fmt: skip
+    settings = settings_of(ctx)
+    moment = parse_since(since)
+    rows = run_async(
+        with_store(
+            settings, lambda s: _desk(settings, s).list(order_id, reason, moment, status, limit)
+        )
+    )
+    if as_json:
+        dump(rows)
+        return
+    keys = ("id", "status", "order_id", "message_type", "source_queue", "reason", "delivery_count",
+            "times_dead", "updated_at", "error")  # fmt: skip
+    click.echo(table(keys, [[_short(r[k]) for k in keys] for r in rows]))
+
+
+def _short(value: Any, width: int = 60) -> Any:
+    text = str(value) if value is not None else ""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@dlq.command("show")
+@click.argument("dead_letter_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def dlq_show(ctx: click.Context, dead_letter_id: int, as_json: bool) -> None:
+    """Decoded body, headers, reason, error, and what is parked behind it."""
+    settings = settings_of(ctx)
+    found = run_async(with_store(settings, lambda s: _desk(settings, s).get(dead_letter_id)))
+    body: bytes = found.pop("body")
+    try:
+        found["body"] = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        found["body"] = body.decode("utf-8", "replace")
+        found["body_undecodable"] = True
+    if as_json:
+        dump(found)
+        return
+    click.echo(_render(found))
+
+
+def _render(found: dict[str, Any]) -> str:
+    lines = [
+        f"dead letter {found['id']}  [{found['status']}]  dead {found['times_dead']} time(s)",
+        f"message:  {found['message_type']} {found['message_id']}",
+        f"order:    {found['order_id'] or '-'}   saga: {found['saga_id'] or '-'}",
+        f"headed:   {found['exchange'] or '(default exchange)'} / {found['routing_key']}"
+        f"   (queue {found['source_queue']})",
+        f"reason:   {found['reason']} after {found['delivery_count']} delivery attempt(s)",
+        f"error:    {found['error'] or '-'}",
+        f"failed:   first {found['first_failed_at']}, last {found['last_failed_at']}",
+        "body:",
+        "  " + json.dumps(found["body"], indent=2, default=str).replace("\n", "\n  "),
+        "headers:",
+        "  " + json.dumps(found["headers"], indent=2, default=str).replace("\n", "\n  "),
+    ]
+    if found["blocks"]:
+        lines.append("order blocked by:")
+        lines += [f"  {b['message_id']} ({b['state']}): {b['reason']}" for b in found["blocks"]]
+    parked = found["parked_behind"]
+    lines.append(f"parked behind it: {len(parked)}")
+    lines += [f"  {p['id']}: {p['message_type']} {p['message_id']} ({p['reason']})" for p in parked]
+    for item in found["history"]:
+        lines.append(
+            f"earlier death: {item['reason']} at {item['last_failed_at']}: {item['error']}"
+        )
+    for entry in found["audit"]:
+        lines.append(f"{entry['at']} {entry['action']} by {entry['actor']}: {entry['note']}")
+    return "\n".join(lines)
+
+
+@dlq.command("replay")
+@click.argument("dead_letter_id", type=int, required=False)
+@click.option("--order", "order_id", help="Every dead letter of this order, in order")
+@click.option("--all", "replay_all", is_flag=True, help="Every dead letter, per order in order")
+@click.option("--note", default="", help="Why, for the audit trail")
+@actor_option
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def dlq_replay(ctx: click.Context, dead_letter_id: int | None, order_id: str | None,
+               replay_all: bool, note: str, actor: str, as_json: bool) -> None:  # fmt: skip
+    """Republish through the outbox to where the message was first headed. Idempotent."""
+    if sum([dead_letter_id is not None, order_id is not None, replay_all]) != 1:
+        raise click.UsageError("give one of ID, --order ID or --all")
+    settings = settings_of(ctx)
+
+    async def work(store: Store) -> list[Handled]:
+        desk = _desk(settings, store)
+        ids = [dead_letter_id] if dead_letter_id is not None else await desk.ids(order_id)
+        results = []
+        quiet = as_json or len(ids) <= 10  # a bar only when there are many
+        with click.progressbar(ids, label="replaying", hidden=quiet) as bar:
+            for dl_id in bar:
+                results.append(await desk.replay(dl_id, actor, note))
+        return results
+
+    _report(run_async(with_store(settings, work)), as_json)
+
+
+@dlq.command("discard")
+@click.argument("dead_letter_id", type=int)
+@click.option("--reason", required=True, help="Why, for the audit trail")
+@actor_option
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def dlq_discard(ctx: click.Context, dead_letter_id: int, reason: str, actor: str,
+                as_json: bool) -> None:  # fmt: skip
+    """Give up on a dead letter: recorded with who and why; its order is unblocked."""
+    settings = settings_of(ctx)
+    result = run_async(
+        with_store(settings, lambda s: _desk(settings, s).discard(dead_letter_id, actor, reason))
+    )
+    _report([result], as_json)
+
+
+def _report(results: list[Handled], as_json: bool) -> None:
+    if as_json:
+        dump([{"id": r.dead_letter_id, "done": r.done, "detail": r.detail} for r in results])
+        return
+    for r in results:
+        click.echo(f"dead letter {r.dead_letter_id}: {r.detail}")
+    if not results:
+        click.echo("no dead letters to replay")

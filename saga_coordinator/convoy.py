@@ -1,0 +1,87 @@
+"""The convoy rules per order, pure: apply a message now, park it, or drop it as stale.
+
+Two guards keep one order's messages in publish order even when the broker cannot: a *block*
+(a message of the order failed, or was dead-lettered: later ones wait behind it) and the intake's
+per-order command numbers (a command that arrives ahead of a gap waits for the missing one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from shared.messages import PartitionMessage
+
+# A parked placeholder for a discarded command that will never arrive: the drain skips its number.
+SKIP = "convoy.skip"
+
+
+@dataclass(frozen=True)
+class Block:
+    message_id: str
+    state: str  # retrying | dead | replaying
+
+
+@dataclass(frozen=True)
+class OrderView:
+    order_id: str
+    active_saga_id: str | None
+    next_seq: int
+    handled: int
+    blocks: tuple[Block, ...] = ()
+
+
+class Verdict(StrEnum):
+    APPLY = "apply"
+    PARK = "park"
+    STALE = "stale"
+
+
+@dataclass(frozen=True)
+class Admission:
+    verdict: Verdict
+    reason: str = ""
+    unblocks: bool = False  # the message is the one its order was blocked by
+
+
+def command_seq(message: PartitionMessage) -> int | None:
+    return None if message.type.startswith("action.") else getattr(message, "seq", None)
+
+
+def admit(order: OrderView, message_id: str, seq: int | None) -> Admission:
+    mine = any(b.message_id == message_id for b in order.blocks)
+    others = [b for b in order.blocks if b.message_id != message_id]
+    if others and not mine:
+        first = others[0]
+        return Admission(
+            Verdict.PARK, f"order blocked by message {first.message_id} ({first.state})"
+        )
+    if seq is not None:
+        if seq < order.next_seq:
+            return Admission(Verdict.STALE, f"command {seq} already handled")
+        if seq > order.next_seq:
+            return Admission(Verdict.PARK, f"command {seq} waits for command {order.next_seq}")
+    return Admission(Verdict.APPLY, unblocks=mine)
+
+
+def after_apply(order: OrderView, seq: int | None) -> OrderView:
+    """The order once a message was applied: one more handled, and the next command expected."""
+    next_seq = order.next_seq + 1 if seq is not None and seq == order.next_seq else order.next_seq
+    return OrderView(
+        order.order_id, order.active_saga_id, next_seq, order.handled + 1, order.blocks
+    )
+
+
+def without_block(order: OrderView, message_id: str) -> OrderView:
+    blocks = tuple(b for b in order.blocks if b.message_id != message_id)
+    return OrderView(order.order_id, order.active_saga_id, order.next_seq, order.handled, blocks)
+
+
+def with_active(order: OrderView, saga_id: str | None) -> OrderView:
+    return OrderView(order.order_id, saga_id, order.next_seq, order.handled, order.blocks)
+
+
+def skip_seq(order: OrderView) -> OrderView:
+    return OrderView(
+        order.order_id, order.active_saga_id, order.next_seq + 1, order.handled, order.blocks
+    )

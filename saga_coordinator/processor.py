@@ -1,0 +1,138 @@
+"""Handles one partition message inside one transaction: dedupe, convoy, decision, drain.
+
+The order row is locked first, so every message of one order is handled one at a time even if
+two coordinators receive messages of the same order. Then the convoy rules decide (park, stale or
+apply), the pure state machine decides what the saga does, and when the message unblocks its
+order, the messages parked behind it are applied in order in the same transaction.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import TypeAdapter
+
+from saga_coordinator import convoy
+from saga_coordinator.convoy import OrderView, Verdict
+from saga_coordinator.machine import Reply, Transition, begin, decide
+from saga_coordinator.register import HOLDS_ORDER, TERMINAL
+from saga_coordinator.store import OutboxRow, Tx
+from shared.catalog import Catalog
+from shared.codec import PARTITION
+from shared.messages import ActionRequest, PartitionMessage
+from shared.topology import Topology
+
+_PARTITION: TypeAdapter[PartitionMessage] = PARTITION
+
+
+def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
+    """Requests to their service's queue, replies to the agent's reply queue, lifecycle events
+    to the public topic exchange under their type."""
+    rows = []
+    for item in transition.out:
+        if isinstance(item, Reply):
+            rows.append(OutboxRow.of("", item.to, item.message))
+        elif isinstance(item, ActionRequest):
+            service = item.action.split(".", 1)[0]
+            rows.append(OutboxRow.of(topology.actions_exchange, service, item))
+        else:
+            rows.append(OutboxRow.of(topology.events_exchange, item.type, item))
+    return rows
+
+
+class Processor:
+    def __init__(self, catalog: Catalog, topology: Topology) -> None:
+        self.catalog = catalog
+        self.topology = topology
+
+    async def handle(self, tx: Tx, message: PartitionMessage, now: datetime) -> str:
+        """Returns what happened, for the log line."""
+        if not await tx.inbox_insert(message.message_id, message.saga_id):
+            await self.release(tx, message.order_id, message.message_id, now)
+            return "duplicate absorbed"
+        order = await tx.lock_order(message.order_id)
+        seq = convoy.command_seq(message)
+        admission = convoy.admit(order, message.message_id, seq)
+        if admission.verdict is Verdict.PARK:
+            await tx.park(message, seq, admission.reason)
+            await tx.log(message, message.saga_id, f"parked: {admission.reason}", None)
+            return f"parked: {admission.reason}"
+        if admission.verdict is Verdict.STALE:
+            await tx.log(message, message.saga_id, f"stale: {admission.reason}", None)
+            return f"stale: {admission.reason}"
+        if admission.unblocks:
+            await tx.unblock(order.order_id, message.message_id)
+            order = convoy.without_block(order, message.message_id)
+        order, note = await self._apply(tx, order, message, now)
+        order = await self.drain(tx, order, now)
+        await tx.save_order(order)
+        return note
+
+    async def release(self, tx: Tx, order_id: str, message_id: str, now: datetime) -> OrderView:
+        """Lift one block of an order (its message was handled, replayed elsewhere or discarded)
+        and, when nothing else blocks it, apply what was parked behind."""
+        order = await tx.lock_order(order_id)
+        if not any(b.message_id == message_id for b in order.blocks):
+            return order
+        await tx.unblock(order_id, message_id)
+        order = await self.drain(tx, convoy.without_block(order, message_id), now)
+        await tx.save_order(order)
+        return order
+
+    async def drain(self, tx: Tx, order: OrderView, now: datetime) -> OrderView:
+        """Apply the messages parked behind a block, in arrival order, while nothing blocks. A
+        command still waiting for a missing number stays parked; passes repeat until none moves."""
+        moved = not order.blocks
+        while moved:
+            moved = False
+            for parked in await tx.parked(order.order_id):
+                admission = convoy.admit(order, parked.message_id, parked.seq)
+                if admission.verdict is Verdict.PARK:
+                    continue
+                await tx.unpark(parked.id)
+                moved = True
+                if parked.message_type == convoy.SKIP:
+                    if admission.verdict is Verdict.APPLY:
+                        order = convoy.skip_seq(order)
+                    continue
+                message = _PARTITION.validate_json(parked.body)
+                if admission.verdict is Verdict.STALE:
+                    await tx.log(message, message.saga_id, f"stale: {admission.reason}", None)
+                    continue
+                order, _ = await self._apply(tx, order, message, now)
+        return order
+
+    async def _apply(
+        self, tx: Tx, order: OrderView, message: PartitionMessage, now: datetime
+    ) -> tuple[OrderView, str]:
+        before = await tx.lock_saga(message.saga_id)
+        held_by = order.active_saga_id if order.active_saga_id != message.saga_id else None
+        transition = decide(before, message, self.catalog, now, order_held_by=held_by)
+        order = convoy.after_apply(order, convoy.command_seq(message))
+        await self._store(tx, before is None, transition, now)
+        await tx.log(message, message.saga_id, transition.note, order.handled)
+        return await self._hand_over(tx, order, transition, now), transition.note
+
+    async def _store(self, tx: Tx, new: bool, transition: Transition, now: datetime) -> None:
+        if transition.state is not None and transition.changed:
+            await tx.save_saga(transition.state, new=new, now=now)
+        await tx.outbox(route(self.topology, transition))
+
+    async def _hand_over(
+        self, tx: Tx, order: OrderView, transition: Transition, now: datetime
+    ) -> OrderView:
+        """Keep one saga per order active: a saga that starts takes the order; one that ends
+        passes it to the oldest waiting saga. ``needs_human`` keeps it."""
+        state = transition.state
+        if state is None:
+            return order
+        if state.status in HOLDS_ORDER and order.active_saga_id is None:
+            return convoy.with_active(order, state.saga_id)
+        if state.saga_id != order.active_saga_id or state.status not in TERMINAL:
+            return order
+        waiting = await tx.next_waiting(order.order_id)
+        if waiting is None:
+            return convoy.with_active(order, None)
+        started = begin(waiting, now)
+        await self._store(tx, False, started, now)
+        return convoy.with_active(order, waiting.saga_id)

@@ -1,0 +1,82 @@
+"""Small helpers for integration tests: waiting for a condition, publishing as an agent."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from pydantic import JsonValue
+
+from saga_coordinator.app import Stack
+from saga_coordinator.register import SagaState
+from shared.bus import Bus
+from shared.messages import StartSaga
+from shared.topology import partition_of
+
+T = TypeVar("T")
+
+REFUND: dict[str, JsonValue] = {
+    "sku": "SKU-1",
+    "quantity": 2,
+    "amount_cents": 4999,
+    "customer_email": "a@example.com",
+}
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]], check: Callable[[T], bool], *, seconds: float = 30
+) -> T:
+    """Poll ``probe`` until ``check`` holds; fail with the last value seen."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        value = await probe()
+        if check(value):
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition not met within {seconds}s; last value: {value!r}")
+        await asyncio.sleep(0.05)
+
+
+async def publish_start(bus: Bus, order_id: str, saga_id: str | None = None) -> str:
+    """Fire and forget, as an agent that does not wait for replies."""
+    command = StartSaga(
+        saga_id=saga_id or f"s-{uuid.uuid4().hex[:10]}",
+        order_id=order_id,
+        saga="refund",
+        params=REFUND,
+    )
+    await bus.publish(bus.topology.commands_exchange, command.type, command)
+    return command.saga_id
+
+
+async def saga_status(stack: Stack, saga_id: str) -> str | None:
+    state = await stack.store.get(saga_id)
+    return None if state is None else state.status
+
+
+async def terminal(stack: Stack, saga_id: str, seconds: float = 30) -> SagaState:
+    await eventually(
+        lambda: saga_status(stack, saga_id),
+        lambda s: s in ("completed", "compensated", "resolved", "needs_human"),
+        seconds=seconds,
+    )
+    state = await stack.store.get(saga_id)
+    assert state is not None
+    return state
+
+
+def same_partition_order(order_id: str, partitions: int) -> str:
+    """Another order routed to the same partition as ``order_id``."""
+    target = partition_of(order_id, partitions)
+    while True:
+        other = f"order-{uuid.uuid4().hex[:10]}"
+        if other != order_id and partition_of(other, partitions) == target:
+            return other
+
+
+def ran_one_after_another(first: SagaState, second: SagaState) -> bool:
+    """The second saga's first action started only after the first saga had finished."""
+    started = [s.started_at for s in second.steps if s.started_at is not None]
+    return first.finished_at is not None and bool(started) and min(started) >= first.finished_at

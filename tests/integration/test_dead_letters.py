@@ -1,0 +1,272 @@
+"""Poison messages, blocked orders and the dead letters operators replay or discard."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+import aio_pika
+import asyncpg
+import pytest
+
+from saga_coordinator.app import Stack
+from saga_coordinator.dead_letters import DeadLetterDesk
+from saga_coordinator.processor import Processor
+from saga_coordinator.store import Tx
+from shared.bus import Bus
+from shared.client import SagaClient
+from shared.config import Settings
+from shared.messages import PartitionMessage
+from tests.integration.helpers import (
+    REFUND,
+    eventually,
+    publish_start,
+    ran_one_after_another,
+    same_partition_order,
+    terminal,
+)
+
+Handle = Callable[[Processor, Tx, PartitionMessage, datetime], Awaitable[str]]
+
+
+class Sabotage:
+    """Makes the coordinator's handler raise for chosen sagas: a bug in the handler, as seen
+    from the broker (redeliveries, then the dead letters)."""
+
+    def __init__(self) -> None:
+        self.fail_times: dict[str, int] = {}  # saga_id -> failures left (-1: always)
+        self.raised: dict[str, int] = {}
+
+    def always(self, saga_id: str) -> None:
+        self.fail_times[saga_id] = -1
+
+    def times(self, saga_id: str, count: int) -> None:
+        self.fail_times[saga_id] = count
+
+    def stop(self, saga_id: str) -> None:
+        self.fail_times.pop(saga_id, None)
+
+    def wrap(self, original: Handle) -> Handle:
+        async def handle(self_: Processor, tx: Tx, message: PartitionMessage, now: datetime) -> str:
+            left = self.fail_times.get(message.saga_id, 0)
+            if left != 0 and message.type == "saga.start":
+                self.fail_times[message.saga_id] = left - 1 if left > 0 else -1
+                self.raised[message.saga_id] = self.raised.get(message.saga_id, 0) + 1
+                raise RuntimeError(f"simulated handler bug on {message.saga_id}")
+            return await original(self_, tx, message, now)
+
+        return handle
+
+
+@pytest.fixture
+def sabotage(monkeypatch: pytest.MonkeyPatch) -> Sabotage:
+    saboteur = Sabotage()
+    monkeypatch.setattr(Processor, "handle", saboteur.wrap(Processor.handle))
+    return saboteur
+
+
+@pytest.fixture
+async def bus(stack: Stack, settings: Settings) -> Any:
+    async with Bus(settings) as connected:
+        yield connected
+
+
+def desk_of(stack: Stack) -> DeadLetterDesk:
+    return DeadLetterDesk(stack.store, Processor(stack.catalog, stack.bus.topology))
+
+
+async def dead_letters(pool: asyncpg.Pool, order_id: str | None) -> list[dict[str, Any]]:
+    rows = await pool.fetch(
+        "SELECT * FROM dead_letters WHERE order_id IS NOT DISTINCT FROM $1 ORDER BY id", order_id
+    )
+    return [dict(r) for r in rows]
+
+
+async def wait_dead(
+    pool: asyncpg.Pool, order_id: str | None, count: int = 1
+) -> list[dict[str, Any]]:
+    return await eventually(
+        lambda: dead_letters(pool, order_id),
+        lambda rows: len([r for r in rows if r["status"] == "dead"]) >= count,
+    )
+
+
+async def poison(bus: Bus, order_id: str | None, body: bytes, message_id: str) -> None:
+    headers: dict[str, Any] = {} if order_id is None else {"x-order-id": order_id}
+    key = bus.topology.partition_key(order_id or "no-order")
+    message = aio_pika.Message(body, message_id=message_id, headers=headers)
+    await bus.publish_raw(bus.topology.partitions_exchange, key, message)
+
+
+def command_body(order_id: str | None, **changes: Any) -> bytes:
+    body: dict[str, Any] = {
+        "message_id": changes.pop("message_id", "m-poison"),
+        "type": "saga.start",
+        "saga_id": "s-poison",
+        "order_id": order_id,
+        "saga": "refund",
+        "params": REFUND,
+    }
+    body.update(changes)
+    return json.dumps({k: v for k, v in body.items() if v is not None}).encode()
+
+
+POISONS: dict[str, tuple[Callable[[str], bytes], str]] = {
+    "not_json": (lambda o: b"{definitely not json", "not JSON"),
+    "bad_utf8": (lambda o: b'{"order_id": "\xff\xfe"}', "UTF-8"),
+    "schema_invalid": (lambda o: command_body(o, saga_id=None), "saga_id: Field required"),
+    "unknown_type": (lambda o: command_body(o, type="saga.explode"), "saga.explode"),
+    "oversized": (lambda o: command_body(o, saga="x" * 300_000), "over the limit"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(POISONS))
+async def test_poison_is_dead_lettered_at_once_and_blocks_only_its_order(
+    kind: str, stack: Stack, client: SagaClient, bus: Bus, pool: asyncpg.Pool, order_id: str
+) -> None:
+    make_body, words = POISONS[kind]
+    await poison(bus, order_id, make_body(order_id), f"poison-{kind}")
+    [dead] = await wait_dead(pool, order_id)
+    assert dead["reason"] == "rejected"
+    assert dead["delivery_count"] == 1  # not retried
+    assert words in (dead["error"] or "")
+
+    later = [await publish_start(bus, order_id) for _ in range(2)]
+    neighbour = same_partition_order(order_id, stack.settings.partitions)
+    other = await client.start("refund", order_id=neighbour, params=REFUND)
+    assert (await terminal(stack, other)).status == "completed"
+    parked = await eventually(lambda: stack.store.parked(order_id), lambda rows: len(rows) == 2)
+    assert [p["message_type"] for p in parked] == ["saga.start", "saga.start"]
+    assert [r["order_id"] for r in await stack.store.blocked_orders()] == [order_id]
+    assert await stack.store.get(later[0]) is None
+
+    result = await desk_of(stack).discard(dead["id"], "ops", f"garbage: {kind}")
+
+    assert result.done
+    first, second = [await terminal(stack, s) for s in later]
+    assert (first.status, second.status) == ("completed", "completed")
+    assert ran_one_after_another(first, second)
+    assert await stack.store.blocked_orders() == []
+
+
+async def test_message_without_order_id_is_dead_lettered_and_blocks_nothing(
+    stack: Stack, client: SagaClient, bus: Bus, pool: asyncpg.Pool, order_id: str
+) -> None:
+    await poison(bus, None, command_body(None), "poison-orderless")
+    [dead] = await wait_dead(pool, None)
+    assert dead["reason"] == "rejected"
+    assert "order_id" in (dead["error"] or "")
+    assert await stack.store.blocked_orders() == []
+    saga = await client.start("refund", order_id=order_id, params=REFUND)
+    assert (await terminal(stack, saga)).status == "completed"
+
+
+async def test_handler_raising_every_time_goes_to_the_dead_letters_then_replay_drains(
+    stack: Stack, bus: Bus, pool: asyncpg.Pool, sabotage: Sabotage, order_id: str
+) -> None:
+    sabotage.always("s-doomed")
+    await publish_start(bus, order_id, "s-doomed")
+    later = [await publish_start(bus, order_id) for _ in range(2)]
+
+    [dead] = await wait_dead(pool, order_id)
+    assert dead["reason"] == "delivery_limit"
+    assert dead["delivery_count"] == stack.settings.delivery_limit + 1
+    assert sabotage.raised["s-doomed"] == stack.settings.delivery_limit + 1
+    assert "simulated handler bug" in dead["error"]
+    assert dead["exchange"] == bus.topology.partitions_exchange
+    await eventually(lambda: stack.store.parked(order_id), lambda rows: len(rows) == 2)
+
+    sabotage.stop("s-doomed")
+    desk = desk_of(stack)
+    assert (await desk.replay(dead["id"], "ops")).done
+    again = await desk.replay(dead["id"], "ops")  # idempotent: nothing republished twice
+    assert not again.done and "already replayed" in again.detail
+
+    states = [await terminal(stack, s) for s in ("s-doomed", *later)]
+    assert [s.status for s in states] == ["completed"] * 3
+    assert ran_one_after_another(states[0], states[1])
+    assert ran_one_after_another(states[1], states[2])
+    effects = await pool.fetch(
+        "SELECT action, count(*) AS n FROM sim_effects WHERE order_id = $1 GROUP BY action",
+        order_id,
+    )
+    assert {r["action"]: r["n"] for r in effects}["email.send_customer_email"] == 3
+    assert await stack.store.blocked_orders() == []
+
+
+async def test_handler_raising_twice_recovers_in_order_without_a_dead_letter(
+    stack: Stack, bus: Bus, pool: asyncpg.Pool, sabotage: Sabotage, order_id: str
+) -> None:
+    sabotage.times("s-shaky", 2)
+    await publish_start(bus, order_id, "s-shaky")
+    after = await publish_start(bus, order_id)
+
+    first, second = await terminal(stack, "s-shaky"), await terminal(stack, after)
+
+    assert sabotage.raised["s-shaky"] == 2
+    assert (first.status, second.status) == ("completed", "completed")
+    assert ran_one_after_another(first, second)
+    assert await dead_letters(pool, order_id) == []
+    assert await stack.store.blocked_orders() == []
+
+
+async def test_replayed_message_that_fails_again_returns_with_its_history(
+    stack: Stack, bus: Bus, pool: asyncpg.Pool, sabotage: Sabotage, order_id: str
+) -> None:
+    sabotage.always("s-stubborn")
+    await publish_start(bus, order_id, "s-stubborn")
+    [dead] = await wait_dead(pool, order_id)
+    desk = desk_of(stack)
+
+    await desk.replay(dead["id"], "ops", "first try")
+    [again] = await eventually(
+        lambda: dead_letters(pool, order_id),
+        lambda rows: rows[0]["times_dead"] == 2 and rows[0]["status"] == "dead",
+    )
+    assert again["id"] == dead["id"]
+    assert len(json.loads(again["history"])) == 1
+    assert [b["state"] for b in await stack.store.blocks(order_id)] == ["dead"]
+
+    sabotage.stop("s-stubborn")
+    await desk.replay(dead["id"], "ops", "second try")
+    assert (await terminal(stack, "s-stubborn")).status == "completed"
+    audit = (await desk.get(dead["id"]))["audit"]
+    assert [(a["action"], a["note"]) for a in audit] == [
+        ("replay", "first try"),
+        ("replay", "second try"),
+    ]
+
+
+async def test_replay_by_order_and_all_keeps_each_orders_order(
+    stack: Stack, bus: Bus, pool: asyncpg.Pool, sabotage: Sabotage, order_id: str
+) -> None:
+    other_order = f"{order_id}-b"
+    sabotage.always("s-a1")
+    sabotage.always("s-b1")
+    await publish_start(bus, order_id, "s-a1")
+    await publish_start(bus, other_order, "s-b1")
+    await wait_dead(pool, order_id)
+    await wait_dead(pool, other_order)
+    after_a = await publish_start(bus, order_id)
+    sabotage.stop("s-a1")
+    sabotage.stop("s-b1")
+    desk = desk_of(stack)
+
+    for dl_id in await desk.ids(order_id):
+        await desk.replay(dl_id, "ops")
+    a1, a2 = await terminal(stack, "s-a1"), await terminal(stack, after_a)
+    assert ran_one_after_another(a1, a2)
+    assert await stack.store.get("s-b1") is None  # another order: untouched by --order
+
+    # --all: every dead letter of the database (earlier tests left some of their own)
+    [b_dead] = [r["id"] for r in await dead_letters(pool, other_order)]
+    replayed = {
+        r.dead_letter_id: r.done
+        for r in [await desk.replay(i, "ops") for i in await desk.ids(None)]
+    }
+    assert replayed[b_dead] is True
+    assert (await terminal(stack, "s-b1")).status == "completed"
+    assert await desk.ids(order_id) == []
+    assert await desk.ids(other_order) == []

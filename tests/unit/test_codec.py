@@ -1,0 +1,341 @@
+"""The codec: every message survives a round trip; every bad body is refused with a reason that
+names the problem (and the field), never a crash."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from pydantic import TypeAdapter
+
+from shared.codec import (
+    COMMANDS,
+    CONTENT_TYPE,
+    PARTITION,
+    decode,
+    encode,
+    message_to_amqp,
+    peek,
+)
+from shared.errors import InvalidMessage
+from shared.messages import (
+    AbortSaga,
+    ActionDone,
+    ActionFailed,
+    ActionRequest,
+    CommandReply,
+    Envelope,
+    ResumeSaga,
+    SagaEvent,
+    StartSaga,
+)
+from tests.unit.factories import REFUND_PARAMS, start_plan
+
+LIMIT = 64 * 1024
+WHEN = datetime(2025, 3, 1, 12, 30, 15, 123456, tzinfo=UTC)
+
+START: dict[str, Any] = {
+    "type": "saga.start",
+    "saga_id": "saga-1",
+    "order_id": "order-1",
+    "saga": "refund",
+    "params": {"sku": "A", "quantity": 1},
+}
+DONE: dict[str, Any] = {
+    "type": "action.done",
+    "saga_id": "saga-1",
+    "order_id": "order-1",
+    "action": "inventory.reserve_stock",
+    "phase": "forward",
+    "step": 0,
+    "idempotency_key": "saga-1:inventory.reserve_stock",
+    "result": {"reservation_id": "r-1"},
+}
+
+
+def body(raw: object) -> bytes:
+    return json.dumps(raw).encode()
+
+
+def refused(data: bytes, adapter: TypeAdapter[Any] = PARTITION, max_bytes: int = LIMIT) -> str:
+    with pytest.raises(InvalidMessage) as info:
+        decode(data, adapter, max_bytes=max_bytes)
+    assert info.value.reason == str(info.value)
+    return info.value.reason
+
+
+# --- round trips ---------------------------------------------------------------------------------
+
+PARTITION_MESSAGES: list[Envelope] = [
+    StartSaga(
+        saga_id="s-1",
+        order_id="o-1",
+        saga="refund",
+        params=dict(REFUND_PARAMS),
+        reply_to="amq.gen-x",
+        timestamp=WHEN,
+    ),
+    start_plan(
+        ["inventory.reserve_stock", "email.send_confirmation"],
+        {"sku": "A", "quantity": 3, "customer_email": "a@b.c"},
+        priority=["inventory.reserve_stock"],
+    ),
+    AbortSaga(saga_id="s-1", order_id="o-1", reason="customer cancelled", timestamp=WHEN),
+    ResumeSaga(saga_id="s-1", order_id="o-1", note="fixed the ledger", reply_to="q"),
+    ActionDone(
+        saga_id="s-1",
+        order_id="o-1",
+        action="erp.create_credit_note",
+        phase="forward",
+        step=1,
+        idempotency_key="s-1:erp.create_credit_note",
+        attempt=2,
+        tries=3,
+        result={"credit_note_id": "cn-9", "nested": {"a": [1, 2.5, None, True]}},
+    ),
+    ActionFailed(
+        saga_id="s-1",
+        order_id="o-1",
+        action="inventory.release_stock",
+        phase="compensation",
+        step=0,
+        idempotency_key="s-1:inventory.release_stock:resume-1",
+        reason="warehouse offline",
+        effect_unknown=True,
+    ),
+]
+
+
+@pytest.mark.parametrize("message", PARTITION_MESSAGES, ids=lambda m: m.type)
+def test_partition_messages_round_trip(message: Envelope) -> None:
+    decoded = decode(encode(message), PARTITION, max_bytes=LIMIT)
+
+    assert type(decoded) is type(message)
+    assert decoded == message
+
+
+@pytest.mark.parametrize(
+    "message", [m for m in PARTITION_MESSAGES if m.type.startswith("saga.")], ids=lambda m: m.type
+)
+def test_commands_round_trip(message: Envelope) -> None:
+    decoded = decode(encode(message), COMMANDS, max_bytes=LIMIT)
+
+    assert decoded == message
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        ActionRequest(
+            saga_id="s-1",
+            order_id="o-1",
+            action="payments.charge_card",
+            phase="forward",
+            step=1,
+            idempotency_key="s-1:payments.charge_card",
+            params={"amount_cents": 100, "card_token": "tok"},
+            timeout_s=2.5,
+        ),
+        CommandReply(
+            type="command.rejected",
+            saga_id="s-1",
+            order_id="o-1",
+            command_id="c-1",
+            command_type="saga.start",
+            reason="no saga named 'x' [unknown_saga]",
+        ),
+        SagaEvent(
+            type="saga.needs_human",
+            saga_id="s-1",
+            order_id="o-1",
+            saga="refund",
+            status="needs_human",
+            step=2,
+            action="erp.create_credit_note",
+            detail="void failed",
+            saga_register={"status": "needs_human", "steps": [{"index": 0}]},
+        ),
+    ],
+    ids=lambda m: m.type,
+)
+def test_outgoing_messages_round_trip(message: Envelope) -> None:
+    adapter: TypeAdapter[Any] = TypeAdapter(type(message))
+
+    assert decode(encode(message), adapter, max_bytes=LIMIT) == message
+
+
+def test_timestamps_keep_their_timezone_and_microseconds() -> None:
+    message = AbortSaga(saga_id="s", order_id="o", reason="r", timestamp=WHEN)
+
+    decoded = decode(encode(message), PARTITION, max_bytes=LIMIT)
+
+    assert decoded.timestamp == WHEN
+    assert decoded.timestamp.utcoffset() is not None
+
+
+def test_amqp_message_carries_id_type_order_and_persistence() -> None:
+    message = AbortSaga(saga_id="s-1", order_id="order-7", reason="r")
+
+    amqp = message_to_amqp(message)
+
+    assert amqp.body == encode(message)
+    assert amqp.message_id == message.message_id
+    assert amqp.type == "saga.abort"
+    assert amqp.content_type == CONTENT_TYPE
+    assert amqp.headers == {"x-order-id": "order-7"}
+    assert int(amqp.delivery_mode) == 2
+
+
+# --- refusals ------------------------------------------------------------------------------------
+
+
+def test_body_over_the_limit_is_refused_before_parsing() -> None:
+    data = body(START)
+
+    reason = refused(data, max_bytes=len(data) - 1)
+
+    assert "over the limit" in reason
+    assert str(len(data)) in reason
+    assert str(len(data) - 1) in reason
+
+
+def test_body_exactly_at_the_limit_is_accepted() -> None:
+    data = body(START)
+
+    assert isinstance(decode(data, PARTITION, max_bytes=len(data)), StartSaga)
+
+
+def test_oversized_garbage_is_refused_for_its_size() -> None:
+    assert "over the limit" in refused(b"\xff" * 2000, max_bytes=1024)
+
+
+def test_invalid_utf8_is_refused() -> None:
+    reason = refused(b'{"type": "saga.start", "x": "\xff"}')
+
+    assert "not valid UTF-8" in reason
+    assert "byte 29" in reason
+
+
+@pytest.mark.parametrize("data", [b"", b"not json", b'{"type": "saga.start"', b"{'a': 1}"])
+def test_not_json_is_refused(data: bytes) -> None:
+    assert "not JSON" in refused(data)
+
+
+@pytest.mark.parametrize("raw", [[START], "saga.start", 42, None, True])
+def test_json_that_is_not_an_object_is_refused(raw: object) -> None:
+    assert refused(body(raw)) == "body must be a JSON object"
+
+
+def test_unknown_type_is_refused_naming_it() -> None:
+    reason = refused(body({**START, "type": "saga.explode"}))
+
+    assert "saga.explode" in reason
+    assert "saga.start" in reason  # and says what is expected
+
+
+def test_missing_type_is_refused() -> None:
+    raw = {k: v for k, v in START.items() if k != "type"}
+
+    assert "'type'" in refused(body(raw))
+
+
+def test_a_partition_only_type_is_refused_on_the_commands_queue() -> None:
+    reason = refused(body(DONE), COMMANDS)
+
+    assert "action.done" in reason
+
+
+@pytest.mark.parametrize("missing", ["saga_id", "order_id", "idempotency_key", "result", "step"])
+def test_missing_field_is_refused_naming_it(missing: str) -> None:
+    raw = {k: v for k, v in DONE.items() if k != missing}
+
+    reason = refused(body(raw))
+
+    assert reason == f"{missing}: Field required"
+
+
+def test_extra_field_is_refused_naming_it_without_the_type_tag() -> None:
+    reason = refused(body({**START, "colour": "red"}))
+
+    assert reason == "colour: Extra inputs are not permitted"
+    assert "saga.start" not in reason
+
+
+def test_nested_problem_is_refused_with_its_path() -> None:
+    raw = {**START, "saga": None, "plan": {"steps": [{"action": "Not An Action"}]}}
+
+    reason = refused(body(raw))
+
+    assert reason.startswith("plan.steps.0.action: ")
+    assert "saga.start" not in reason
+
+
+def test_every_problem_is_listed() -> None:
+    raw = {**DONE, "step": -1, "phase": "sideways"}
+
+    reason = refused(body(raw))
+
+    assert "step: " in reason
+    assert "phase: " in reason
+    assert len(reason.split("; ")) == 2
+
+
+def test_start_with_both_saga_and_plan_is_refused() -> None:
+    raw = {**START, "plan": {"steps": [{"action": "erp.validate_address"}]}}
+
+    assert "exactly one of 'saga'" in refused(body(raw))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("saga_id", ""),
+        ("saga_id", "has space"),
+        ("order_id", "x" * 129),
+        ("schema_version", 2),
+        ("timestamp", "yesterday"),
+    ],
+)
+def test_bad_envelope_values_are_refused_naming_the_field(field: str, value: object) -> None:
+    reason = refused(body({**START, field: value}))
+
+    assert reason.startswith(f"{field}: ")
+
+
+# --- peek ----------------------------------------------------------------------------------------
+
+NOTHING = dict.fromkeys(("message_id", "type", "saga_id", "order_id", "reply_to"))
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"garbage", b"\xff\xfe\x00", b"[1, 2]", b'"text"', b"null", b"{"]
+)
+def test_peek_on_garbage_returns_nothing_and_does_not_raise(data: bytes) -> None:
+    assert peek(data) == NOTHING
+
+
+def test_peek_reads_the_identifiers_of_an_invalid_message() -> None:
+    raw = {
+        "message_id": "m-1",
+        "type": "saga.start",
+        "saga_id": "s-1",
+        "order_id": "o-1",
+        "reply_to": "amq.gen-q",
+        "colour": "red",
+    }
+
+    assert peek(body(raw)) == {
+        "message_id": "m-1",
+        "type": "saga.start",
+        "saga_id": "s-1",
+        "order_id": "o-1",
+        "reply_to": "amq.gen-q",
+    }
+
+
+def test_peek_drops_values_that_are_not_short_strings() -> None:
+    raw = {"message_id": 7, "type": ["x"], "saga_id": "s" * 256, "order_id": "o" * 255}
+
+    assert peek(body(raw)) == {**NOTHING, "order_id": "o" * 255}

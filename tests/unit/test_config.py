@@ -1,0 +1,213 @@
+"""Settings from the environment: SAGA_* values read and converted, bad values refused with the
+variable named, explicit overrides winning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.config import Settings
+from shared.errors import ConfigError
+
+
+def test_defaults_with_an_empty_environment() -> None:
+    s = Settings.from_env({})
+
+    assert s == Settings()
+    assert s.namespace == "saga"
+    assert s.partitions == 8
+    assert s.amqp_url.startswith("amqp://")
+    assert s.database_url.startswith("postgresql://")
+
+
+def test_reads_every_saga_variable_and_converts_its_type() -> None:
+    env = {
+        "SAGA_AMQP_URL": "amqp://u:p@broker:5672/vh",
+        "SAGA_DATABASE_URL": "postgresql://db/saga",
+        "SAGA_NAMESPACE": "prod-eu_1",
+        "SAGA_PARTITIONS": "16",
+        "SAGA_DELIVERY_LIMIT": "7",
+        "SAGA_CATALOG_PATH": "/etc/saga/catalog.toml",
+        "SAGA_MAX_MESSAGE_BYTES": "4096",
+        "SAGA_PUBLISH_TIMEOUT_S": "2.5",
+        "SAGA_ADAPTER_PREFETCH": "4",
+        "SAGA_PARTITION_PREFETCH": "8",
+        "SAGA_RELAY_BATCH": "50",
+        "SAGA_RELAY_POLL_S": "0.25",
+    }
+
+    s = Settings.from_env(env)
+
+    assert s == Settings(
+        amqp_url="amqp://u:p@broker:5672/vh",
+        database_url="postgresql://db/saga",
+        namespace="prod-eu_1",
+        partitions=16,
+        delivery_limit=7,
+        catalog_path="/etc/saga/catalog.toml",
+        max_message_bytes=4096,
+        publish_timeout_s=2.5,
+        adapter_prefetch=4,
+        partition_prefetch=8,
+        relay_batch=50,
+        relay_poll_s=0.25,
+    )
+    assert isinstance(s.partitions, int)
+    assert isinstance(s.publish_timeout_s, float)
+
+
+def test_a_float_setting_accepts_an_integer_string() -> None:
+    assert Settings.from_env({"SAGA_PUBLISH_TIMEOUT_S": "3"}).publish_timeout_s == 3.0
+
+
+def test_variables_without_the_prefix_or_unknown_are_ignored() -> None:
+    s = Settings.from_env({"PARTITIONS": "3", "SAGA_COLOUR": "red", "saga_partitions": "3"})
+
+    assert s == Settings()
+
+
+def test_reads_the_process_environment_when_no_mapping_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SAGA_PARTITIONS", "12")
+    monkeypatch.setenv("SAGA_NAMESPACE", "from-env")
+
+    s = Settings.from_env()
+
+    assert (s.partitions, s.namespace) == (12, "from-env")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "kind"),
+    [
+        ("SAGA_PARTITIONS", "eight", "int"),
+        ("SAGA_PARTITIONS", "8.0", "int"),
+        ("SAGA_DELIVERY_LIMIT", "", "int"),
+        ("SAGA_PUBLISH_TIMEOUT_S", "soon", "float"),
+        ("SAGA_RELAY_POLL_S", "1,5", "float"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_refused_naming_the_variable(
+    variable: str, value: str, kind: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({variable: value})
+
+    message = str(info.value)
+    assert message.startswith(f"{variable}=")
+    assert repr(value) in message
+    assert f"expected a {kind}" in message
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SAGA_PARTITIONS", "0"),
+        ("SAGA_PARTITIONS", "1025"),
+        ("SAGA_PARTITIONS", "-3"),
+        ("SAGA_DELIVERY_LIMIT", "0"),
+        ("SAGA_DELIVERY_LIMIT", "1001"),
+        ("SAGA_MAX_MESSAGE_BYTES", "1023"),
+        ("SAGA_NAMESPACE", "Prod"),
+        ("SAGA_NAMESPACE", "9lives"),
+        ("SAGA_NAMESPACE", "has space"),
+        ("SAGA_NAMESPACE", "a" * 42),
+        ("SAGA_NAMESPACE", ""),
+    ],
+)
+def test_a_value_out_of_range_is_refused_naming_the_variable(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({variable: value})
+
+    assert variable in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SAGA_PARTITIONS", "1"),
+        ("SAGA_PARTITIONS", "1024"),
+        ("SAGA_DELIVERY_LIMIT", "1"),
+        ("SAGA_DELIVERY_LIMIT", "1000"),
+        ("SAGA_MAX_MESSAGE_BYTES", "1024"),
+        ("SAGA_NAMESPACE", "a" * 41),
+        ("SAGA_NAMESPACE", "t1a2b3c4-x_y"),
+    ],
+)
+def test_values_at_the_edges_of_the_range_are_accepted(variable: str, value: str) -> None:
+    Settings.from_env({variable: value})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        # the relay would fetch LIMIT 0 rows forever: nothing is ever published
+        ("SAGA_RELAY_BATCH", "0"),
+        # every publish would time out at once
+        ("SAGA_PUBLISH_TIMEOUT_S", "0"),
+        ("SAGA_PUBLISH_TIMEOUT_S", "-1"),
+        # a negative poll interval turns the relay's wait into a busy loop
+        ("SAGA_RELAY_POLL_S", "-1"),
+        # AMQP prefetch counts are unsigned
+        ("SAGA_ADAPTER_PREFETCH", "-1"),
+        ("SAGA_PARTITION_PREFETCH", "-1"),
+    ],
+)
+def test_nonsensical_tuning_values_are_refused_naming_the_variable(
+    variable: str, value: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({variable: value})
+
+    assert variable in str(info.value)
+
+
+def test_overrides_win_over_the_environment() -> None:
+    s = Settings.from_env(
+        {"SAGA_PARTITIONS": "16", "SAGA_NAMESPACE": "env"}, partitions=2, namespace="cli"
+    )
+
+    assert (s.partitions, s.namespace) == (2, "cli")
+
+
+def test_none_overrides_leave_the_environment_value() -> None:
+    s = Settings.from_env({"SAGA_PARTITIONS": "16"}, partitions=None, namespace=None)
+
+    assert (s.partitions, s.namespace) == (16, "saga")
+
+
+def test_overrides_are_checked_too() -> None:
+    with pytest.raises(ConfigError, match="SAGA_PARTITIONS"):
+        Settings.from_env({}, partitions=0)
+
+
+def test_a_bad_environment_value_is_refused_even_when_overridden() -> None:
+    # the environment is read in full before overrides apply: a typo there never hides
+    with pytest.raises(ConfigError, match="SAGA_PARTITIONS"):
+        Settings.from_env({"SAGA_PARTITIONS": "many"}, partitions=4)
+
+
+def test_with_returns_a_changed_copy_and_checks_it() -> None:
+    s = Settings()
+    t = s.with_(partitions=3)
+
+    assert (s.partitions, t.partitions) == (8, 3)
+    with pytest.raises(ConfigError, match="SAGA_NAMESPACE"):
+        s.with_(namespace="Bad Name")
+
+
+def test_catalog_file_defaults_to_the_shipped_catalog() -> None:
+    path = Settings().catalog_file
+
+    assert path.name == "catalog.toml"
+    assert path.parent.name == "shared"
+    assert path.is_file()
+
+
+def test_catalog_file_follows_the_setting(tmp_path: Path) -> None:
+    target = tmp_path / "mine.toml"
+
+    s = Settings.from_env({"SAGA_CATALOG_PATH": str(target)})
+
+    assert s.catalog_file == target

@@ -1,0 +1,509 @@
+"""The gateway: every plan rule refused with its name and the step, parameter checks naming the
+field, and catalog files that break a rule stopping the load with a message that says where."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import JsonValue
+
+from shared.catalog import ActionClass, Catalog, load_catalog
+from shared.errors import CatalogError, PlanRejected
+from shared.gateway import admit, check_catalog, check_plan, validate_params
+from tests.unit.factories import (
+    CATALOG_FILE,
+    REFUND_PARAMS,
+    compensable,
+    irreversible,
+    make_catalog,
+    read_only,
+    real_catalog,
+    start_named,
+    start_plan,
+    with_residue,
+)
+
+CATALOG = real_catalog()
+
+GOOD_ACTIONS: dict[str, dict[str, Any]] = {
+    "inventory.hold": compensable("inventory.unhold", params={"sku": "str", "quantity": "int"}),
+    "payments.charge": with_residue("payments.refund", params={"amount": "float"}),
+    "erp.check": read_only(params={"address": "str", "express": "bool"}),
+    "email.notify": irreversible(params={"to": "str"}),
+}
+GOOD_COMPENSATIONS = ["inventory.unhold", "payments.refund"]
+
+
+def catalog_with(**actions: dict[str, Any]) -> Catalog:
+    """The good catalog plus (or overriding) some actions, keyed with "__" for ".": the gateway
+    rules are not checked when building it."""
+    extra = {name.replace("__", "."): spec for name, spec in actions.items()}
+    return make_catalog({**GOOD_ACTIONS, **extra}, GOOD_COMPENSATIONS)
+
+
+def refusal(catalog: Catalog, steps: Sequence[str], priority: Sequence[str] = ()) -> PlanRejected:
+    with pytest.raises(PlanRejected) as info:
+        check_plan(catalog, steps, priority)
+    return info.value
+
+
+def admit_refusal(
+    catalog: Catalog,
+    steps: Sequence[str],
+    params: Mapping[str, JsonValue],
+    priority: Sequence[str] = (),
+) -> PlanRejected:
+    with pytest.raises(PlanRejected) as info:
+        admit(catalog, start_plan(steps, params, priority=priority))
+    return info.value
+
+
+# --- plan rules ----------------------------------------------------------------------------------
+
+
+def test_a_good_plan_passes() -> None:
+    catalog = catalog_with()
+    check_catalog(catalog)
+    check_plan(catalog, ["erp.check", "inventory.hold", "payments.charge", "email.notify"])
+
+
+def test_read_only_after_an_irreversible_action_is_allowed() -> None:
+    check_plan(catalog_with(), ["inventory.hold", "email.notify", "erp.check"])
+
+
+def test_irreversible_before_compensable_is_refused_at_the_irreversible_step() -> None:
+    exc = refusal(catalog_with(), ["erp.check", "email.notify", "inventory.hold"])
+
+    assert exc.rule == "irreversible_not_last"
+    assert exc.step == 1
+    assert "email.notify" in str(exc)
+    assert "inventory.hold" in str(exc)
+    assert str(exc).startswith("step 1: ")
+    assert str(exc).endswith("[irreversible_not_last]")
+
+
+def test_irreversible_before_a_later_compensable_is_refused_even_with_one_between() -> None:
+    exc = refusal(catalog_with(), ["inventory.hold", "email.notify", "payments.charge"])
+
+    assert (exc.rule, exc.step) == ("irreversible_not_last", 1)
+
+
+def test_compensable_action_without_compensation_is_refused() -> None:
+    catalog = catalog_with(inventory__grab={"class": "compensable"})
+
+    exc = refusal(catalog, ["erp.check", "inventory.grab"])
+
+    assert (exc.rule, exc.step) == ("compensation_missing", 1)
+    assert "inventory.grab" in str(exc)
+
+
+def test_residue_action_without_compensation_is_refused() -> None:
+    catalog = catalog_with(payments__bill={"class": "compensable_with_residue", "residue": "x"})
+
+    exc = refusal(catalog, ["payments.bill"])
+
+    assert (exc.rule, exc.step) == ("compensation_missing", 0)
+
+
+def test_compensation_naming_an_unknown_action_is_refused() -> None:
+    catalog = catalog_with(inventory__grab=compensable("inventory.ungrab"))
+
+    exc = refusal(catalog, ["inventory.hold", "inventory.grab"])
+
+    assert (exc.rule, exc.step) == ("compensation_unknown", 1)
+    assert "inventory.ungrab" in str(exc)
+
+
+def test_compensation_served_by_another_service_is_refused() -> None:
+    catalog = catalog_with(inventory__grab=compensable("payments.refund"))
+
+    exc = refusal(catalog, ["inventory.grab"])
+
+    assert (exc.rule, exc.step) == ("compensation_service", 0)
+
+
+def test_residue_action_without_residue_text_is_refused() -> None:
+    catalog = catalog_with(payments__bill=with_residue("payments.refund", residue="  "))
+
+    exc = refusal(catalog, ["inventory.hold", "payments.bill"])
+
+    assert (exc.rule, exc.step) == ("residue_missing", 1)
+    assert "payments.bill" in str(exc)
+
+
+@pytest.mark.parametrize("action_class", ["read_only", "irreversible"])
+def test_an_action_that_cannot_be_undone_naming_a_compensation_is_refused(
+    action_class: str,
+) -> None:
+    catalog = catalog_with(erp__peek={"class": action_class, "compensation": "erp.unpeek"})
+
+    exc = refusal(catalog, ["erp.peek"])
+
+    assert (exc.rule, exc.step) == ("compensation_unexpected", 0)
+
+
+def test_action_of_a_service_without_adapter_is_refused() -> None:
+    catalog = catalog_with(fax__send=irreversible())
+
+    exc = refusal(catalog, ["inventory.hold", "fax.send"])
+
+    assert (exc.rule, exc.step) == ("unknown_service", 1)
+    assert "fax" in str(exc)
+
+
+def test_unknown_action_is_refused() -> None:
+    exc = refusal(catalog_with(), ["inventory.hold", "inventory.teleport"])
+
+    assert (exc.rule, exc.step) == ("unknown_action", 1)
+    assert "inventory.teleport" in str(exc)
+
+
+def test_a_compensation_used_as_a_step_is_refused() -> None:
+    exc = refusal(catalog_with(), ["inventory.unhold"])
+
+    assert (exc.rule, exc.step) == ("compensation_as_step", 0)
+
+
+def test_duplicate_action_is_refused_at_its_second_appearance() -> None:
+    exc = refusal(catalog_with(), ["inventory.hold", "erp.check", "inventory.hold"])
+
+    assert (exc.rule, exc.step) == ("duplicate_action", 2)
+    assert "inventory.hold" in str(exc)
+
+
+def test_priority_naming_an_action_not_in_the_plan_is_refused() -> None:
+    exc = refusal(catalog_with(), ["inventory.hold"], priority=["payments.charge"])
+
+    assert exc.rule == "priority_unknown"
+    assert "payments.charge" in str(exc)
+
+
+def test_priority_naming_an_action_of_the_plan_is_accepted() -> None:
+    check_plan(catalog_with(), ["inventory.hold", "payments.charge"], ["payments.charge"])
+
+
+def test_the_first_broken_rule_is_reported() -> None:
+    exc = refusal(catalog_with(), ["inventory.teleport", "inventory.hold", "inventory.hold"])
+
+    assert (exc.rule, exc.step) == ("unknown_action", 0)
+
+
+# --- admit: named sagas, ad-hoc plans, parameters ------------------------------------------------
+
+
+def test_admit_a_named_saga_splits_the_params_per_step_and_snapshots_the_catalog() -> None:
+    plan = admit(CATALOG, start_named("refund", REFUND_PARAMS))
+
+    assert plan.saga == "refund"
+    assert [s.action for s in plan.steps] == [
+        "inventory.reserve_stock",
+        "erp.create_credit_note",
+        "email.send_customer_email",
+    ]
+    assert [s.index for s in plan.steps] == [0, 1, 2]
+    assert [s.params for s in plan.steps] == [
+        {"sku": "SKU-1", "quantity": 2},
+        {"amount_cents": 1500},
+        {"customer_email": "ada@example.com"},
+    ]
+    assert plan.steps[0].spec == CATALOG.actions["inventory.reserve_stock"]
+    assert plan.steps[2].spec.action_class is ActionClass.IRREVERSIBLE
+    assert plan.compensation_priority == ()
+
+
+def test_admit_an_adhoc_plan_with_priority() -> None:
+    plan = admit(
+        catalog_with(),
+        start_plan(
+            ["inventory.hold", "payments.charge"],
+            {"sku": "A", "quantity": 1, "amount": 9.5},
+            priority=["payments.charge"],
+        ),
+    )
+
+    assert plan.saga == "adhoc"
+    assert plan.compensation_priority == ("payments.charge",)
+    assert [s.params for s in plan.steps] == [{"sku": "A", "quantity": 1}, {"amount": 9.5}]
+
+
+def test_a_param_shared_by_two_steps_goes_to_both() -> None:
+    plan = admit(
+        CATALOG,
+        start_plan(
+            ["erp.create_credit_note", "payments.charge_card"],
+            {"amount_cents": 700, "card_token": "tok"},
+        ),
+    )
+
+    assert [s.params for s in plan.steps] == [
+        {"amount_cents": 700},
+        {"amount_cents": 700, "card_token": "tok"},
+    ]
+
+
+def test_unknown_saga_is_refused_listing_the_known_ones() -> None:
+    with pytest.raises(PlanRejected) as info:
+        admit(CATALOG, start_named("refnud", REFUND_PARAMS))
+
+    assert info.value.rule == "unknown_saga"
+    assert "refnud" in str(info.value)
+    assert "checkout, refund" in str(info.value)
+
+
+def test_admit_runs_the_plan_rules_on_adhoc_plans() -> None:
+    exc = admit_refusal(
+        CATALOG,
+        ["email.send_confirmation", "inventory.reserve_stock"],
+        {"customer_email": "a@b.c", "sku": "A", "quantity": 1},
+    )
+
+    assert (exc.rule, exc.step) == ("irreversible_not_last", 0)
+
+
+def test_missing_params_are_refused_naming_each_field() -> None:
+    with pytest.raises(PlanRejected) as info:
+        admit(CATALOG, start_named("refund", {"sku": "A"}))
+
+    exc = info.value
+    assert exc.rule == "params_invalid"
+    assert "params.quantity: Field required" in str(exc)
+    assert "params.amount_cents: Field required" in str(exc)
+    assert "params.customer_email: Field required" in str(exc)
+    assert "params.sku" not in str(exc)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("quantity", "two"), ("quantity", 1.5), ("sku", 12), ("quantity", None), ("sku", ["A"])],
+)
+def test_ill_typed_params_are_refused_naming_the_field(field: str, value: JsonValue) -> None:
+    with pytest.raises(PlanRejected) as info:
+        admit(CATALOG, start_named("refund", {**REFUND_PARAMS, field: value}))
+
+    assert info.value.rule == "params_invalid"
+    assert f"params.{field}:" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("steps", "params", "field"),
+    [
+        (["inventory.reserve_stock"], {"sku": "A", "quantity": True}, "quantity"),
+        (["erp.create_credit_note"], {"amount_cents": False}, "amount_cents"),
+    ],
+    ids=["true-as-quantity", "false-as-amount"],
+)
+def test_a_boolean_is_not_accepted_for_an_int_param(
+    steps: list[str], params: dict[str, JsonValue], field: str
+) -> None:
+    # JSON true is not a number: reserving "true" items must be refused, not read as 1
+    with pytest.raises(PlanRejected) as info:
+        validate_params(CATALOG, steps, params)
+
+    assert f"params.{field}:" in str(info.value)
+
+
+def test_unexpected_param_is_refused_naming_it() -> None:
+    with pytest.raises(PlanRejected) as info:
+        admit(CATALOG, start_named("refund", {**REFUND_PARAMS, "coupon": "X"}))
+
+    assert info.value.rule == "params_invalid"
+    assert "params.coupon: Extra inputs are not permitted" in str(info.value)
+
+
+def test_param_for_a_step_not_in_the_plan_is_unexpected() -> None:
+    with pytest.raises(PlanRejected) as info:
+        validate_params(CATALOG, ["erp.create_credit_note"], {"amount_cents": 1, "sku": "A"})
+
+    assert "params.sku" in str(info.value)
+
+
+def test_bool_and_float_params_are_checked() -> None:
+    catalog = catalog_with()
+    assert validate_params(
+        catalog, ["erp.check", "payments.charge"], {"address": "x", "express": True, "amount": 2}
+    ) == ({"address": "x", "express": True}, {"amount": 2.0})
+    with pytest.raises(PlanRejected, match=r"params\.express"):
+        validate_params(catalog, ["erp.check"], {"address": "x", "express": "maybe"})
+
+
+# --- catalog checks and loading ------------------------------------------------------------------
+
+
+def test_the_shipped_catalog_passes_every_check() -> None:
+    catalog = load_catalog(CATALOG_FILE)
+
+    assert set(catalog.sagas) == {"refund", "checkout"}
+    assert catalog.actions["payments.charge_card"].residue
+    assert catalog.retry_policy("inventory.release_stock").attempts == 5
+    assert catalog.retry_policy("no.such").attempts == 3
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "catalog.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+BASE_TOML = """
+[actions."inventory.hold"]
+class = "compensable"
+compensation = "inventory.unhold"
+result = ["hold_id"]
+
+[actions."email.notify"]
+class = "irreversible"
+
+[actions."erp.check"]
+class = "read_only"
+
+[compensations."inventory.unhold"]
+"""
+
+
+def test_a_copy_of_the_shipped_catalog_loads(tmp_path: Path) -> None:
+    path = tmp_path / "copy.toml"
+    shutil.copy(CATALOG_FILE, path)
+
+    assert load_catalog(path) == CATALOG
+
+
+def test_catalog_saga_breaking_a_plan_rule_names_the_saga_step_and_rule(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        BASE_TOML
+        + """
+[sagas.notify_first]
+steps = ["erp.check", "email.notify", "inventory.hold"]
+""",
+    )
+
+    with pytest.raises(CatalogError) as info:
+        load_catalog(path)
+
+    message = str(info.value)
+    assert str(path) in message
+    assert "notify_first" in message
+    assert "step 1" in message
+    assert "email.notify" in message
+    assert "[irreversible_not_last]" in message
+
+
+def test_catalog_saga_with_an_unknown_step_names_it(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        BASE_TOML
+        + """
+[sagas.oops]
+steps = ["inventory.hold", "erp.teleport"]
+""",
+    )
+
+    with pytest.raises(CatalogError) as info:
+        load_catalog(path)
+
+    message = str(info.value)
+    assert "oops" in message
+    assert "step 1" in message
+    assert "erp.teleport" in message
+    assert "[unknown_action]" in message
+
+
+def test_catalog_saga_with_a_bad_priority_names_the_saga_and_rule(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        BASE_TOML
+        + """
+[sagas.prio]
+steps = ["inventory.hold"]
+compensation_priority = ["erp.check"]
+""",
+    )
+
+    with pytest.raises(CatalogError) as info:
+        load_catalog(path)
+
+    assert "prio" in str(info.value)
+    assert "[priority_unknown]" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("action", "rule"),
+    [
+        ('[actions."inventory.grab"]\nclass = "compensable"\n', "compensation_missing"),
+        (
+            '[actions."inventory.grab"]\nclass = "compensable"\ncompensation = "inventory.x"\n',
+            "compensation_unknown",
+        ),
+        (
+            '[actions."payments.bill"]\nclass = "compensable_with_residue"\n'
+            'compensation = "payments.unbill"\n[compensations."payments.unbill"]\n',
+            "residue_missing",
+        ),
+    ],
+    ids=["no-compensation", "unknown-compensation", "no-residue"],
+)
+def test_catalog_action_breaking_a_rule_names_the_action_and_rule(
+    tmp_path: Path, action: str, rule: str
+) -> None:
+    path = write(tmp_path, BASE_TOML + "\n" + action)
+
+    with pytest.raises(CatalogError) as info:
+        load_catalog(path)
+
+    message = str(info.value)
+    assert f"[{rule}]" in message
+    assert ("inventory.grab" in message) or ("payments.bill" in message)
+
+
+def test_invalid_toml_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, '[actions."inventory.hold"\nclass = ')
+
+    with pytest.raises(CatalogError) as info:
+        load_catalog(path)
+
+    assert "not valid TOML" in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_unknown_field_is_refused_naming_it(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE_TOML.replace('result = ["hold_id"]', 'colour = "red"'))
+
+    with pytest.raises(CatalogError) as info:
+        load_catalog(path)
+
+    assert "actions.inventory.hold.colour" in str(info.value)
+    assert "Extra inputs are not permitted" in str(info.value)
+
+
+def test_unknown_action_class_is_refused_naming_the_field(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE_TOML.replace('class = "read_only"', 'class = "harmless"'))
+
+    with pytest.raises(CatalogError) as info:
+        load_catalog(path)
+
+    assert "actions.erp.check.class" in str(info.value)
+
+
+def test_bad_param_type_in_the_catalog_is_refused(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        BASE_TOML + '\n[actions."erp.price"]\nclass = "read_only"\n'
+        'params = { amount = "decimal" }\n',
+    )
+
+    with pytest.raises(CatalogError, match=r"actions\.erp\.price\.params\.amount"):
+        load_catalog(path)
+
+
+def test_missing_catalog_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "nowhere.toml"
+
+    with pytest.raises(CatalogError) as info:
+        load_catalog(path)
+
+    assert "cannot read" in str(info.value)
+    assert str(path) in str(info.value)
