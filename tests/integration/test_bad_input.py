@@ -86,30 +86,3 @@ async def test_schema_invalid_command_gets_a_reply_naming_the_field(
     assert "colour" in reply["reason"]
     assert [r["rule"] for r in await _rejections(pool, "m-bad-1")] == ["invalid_message"]
     assert await stack.store.get("s-bad-1") is None
-
-
-async def test_garbage_in_a_partition_is_dead_lettered_not_retried(
-    stack: Stack, client: SagaClient, settings: Settings, order_id: str
-) -> None:
-    async with Bus(settings) as bus:
-        key = bus.topology.partition_key(order_id)
-        await bus.publish_raw(
-            bus.topology.partitions_exchange, key, aio_pika.Message(b"{not json", message_id="g1")
-        )
-        channel = await bus.connection.channel()
-        dead = await channel.get_queue(bus.topology.dead_letter_queue)
-        message = None
-        for _ in range(100):
-            message = await dead.get(fail=False)
-            if message is not None:
-                break
-            await asyncio.sleep(0.1)
-        assert message is not None, "the poison message never reached the dead letters"
-        assert message.body == b"{not json"
-        death = message.headers.get("x-first-death-reason")
-        await message.ack()
-        await channel.close()
-    assert death == "rejected"
-
-    state = await run_saga(client, stack, "refund", order_id, REFUND)
-    assert state.status == "completed"

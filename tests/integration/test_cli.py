@@ -8,8 +8,12 @@ import os
 import sys
 from typing import Any
 
+import aio_pika
+
 from saga_coordinator.app import Stack
+from shared.bus import Bus
 from shared.config import Settings
+from tests.integration.helpers import eventually, publish_start, terminal
 
 
 async def saga(settings: Settings, *args: str) -> tuple[int, str, str]:
@@ -113,3 +117,62 @@ async def test_refusals_exit_non_zero_with_the_reason(
     code, _, err = await saga(settings, "resume", "no-such-saga")
     assert code == 1
     assert "no saga no-such-saga" in err
+
+
+async def test_operator_finds_understands_and_replays_a_dead_letter(
+    stack: Stack, settings: Settings, order_id: str
+) -> None:
+    # A message the coordinator can never handle, for this order, then a saga behind it.
+    async with Bus(settings) as bus:
+        garbage = aio_pika.Message(b"{oops", message_id="m-cli-poison",
+                                   headers={"x-order-id": order_id})  # fmt: skip
+        await bus.publish_raw(
+            bus.topology.partitions_exchange, bus.topology.partition_key(order_id), garbage
+        )
+        later = await publish_start(bus, order_id)
+
+    listed = await eventually(
+        lambda: saga_json(settings, "dlq", "list", "--order", order_id),
+        lambda rows: len(rows) == 1,
+    )
+    assert listed[0]["reason"] == "rejected"
+    blocked = await eventually(
+        lambda: saga_json(settings, "list", "--status", "blocked"),
+        lambda rows: any(r["order_id"] == order_id and r["parked"] == 1 for r in rows),
+    )
+    assert any(r["message_id"] == "m-cli-poison" for r in blocked)
+
+    shown = await saga_json(settings, "dlq", "show", str(listed[0]["id"]))
+    assert shown["body"] == "{oops" and shown["body_undecodable"] is True
+    assert "not JSON" in shown["error"]
+    assert [p["message_id"] for p in shown["parked_behind"]] != []
+
+    replayed = await saga_json(settings, "dlq", "replay", str(listed[0]["id"]), "--by", "sam")
+    assert replayed[0]["done"] is True
+    again = await eventually(
+        lambda: saga_json(settings, "dlq", "list", "--order", order_id),
+        lambda rows: rows[0]["times_dead"] == 2,
+    )
+    assert again[0]["status"] == "dead"  # garbage stays garbage
+
+    code, _, err = await saga(settings, "dlq", "discard", str(listed[0]["id"]),
+                                "--reason", "corrupt producer", "--by", "sam")  # fmt: skip
+    assert code == 0, err
+    assert (await terminal(stack, later)).status == "completed"
+    audit = (await saga_json(settings, "dlq", "show", str(listed[0]["id"])))["audit"]
+    assert [(a["action"], a["actor"]) for a in audit] == [("replay", "sam"), ("discard", "sam")]
+    code, _, err = await saga(settings, "dlq", "list", "--since", "soon")
+    assert code == 2 and "soon" in err
+
+
+async def test_resolve_from_the_command_line(
+    stack: Stack, settings: Settings, order_id: str
+) -> None:
+    for action in ("erp.create_credit_note", "inventory.release_stock"):
+        await saga(settings, "faults", "add", action, "--order", order_id, "--mode", "permanent")
+    stuck = await saga_json(settings, "start", "refund", "--order", order_id, *PARAMS,
+                            "--wait", "30")  # fmt: skip
+    resolved = await saga_json(settings, "resolve", stuck["saga_id"], "--note",
+                               "stock released by hand", "--by", "kim")  # fmt: skip
+    assert resolved["status"] == "resolved"
+    assert resolved["decisions"][-1]["by"] == "kim"

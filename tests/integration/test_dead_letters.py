@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -270,3 +271,61 @@ async def test_replay_by_order_and_all_keeps_each_orders_order(
     assert (await terminal(stack, "s-b1")).status == "completed"
     assert await desk.ids(order_id) == []
     assert await desk.ids(other_order) == []
+
+
+async def test_an_unroutable_outbox_row_becomes_a_dead_letter_and_wedges_nothing(
+    stack: Stack, client: SagaClient, pool: asyncpg.Pool, order_id: str
+) -> None:
+    await pool.execute(
+        "INSERT INTO outbox (exchange, routing_key, message_id, message_type, order_id, body)"
+        " VALUES ($1, 'x', 'm-lost', 'action.request', $2, '{}'::bytea)",
+        f"{stack.settings.namespace}.no-such-exchange",
+        order_id,
+    )
+    [dead] = await wait_dead(pool, order_id)
+    assert dead["reason"] == "unroutable"
+    assert "NOT_FOUND" in dead["error"]
+    assert [b["message_id"] for b in await stack.store.blocks(order_id)] == ["m-lost"]
+
+    other = await client.start("refund", order_id=f"{order_id}-other", params=REFUND)
+    assert (await terminal(stack, other)).status == "completed"
+
+
+async def test_ingester_killed_before_commit_loses_no_dead_letter(
+    settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    from saga_coordinator.dead_letters import DeadLetterIngester
+    from saga_coordinator.store import Store
+
+    entered = asyncio.Event()
+
+    class Frozen(Store):
+        async def run(self, work: Any) -> Any:  # the commit never comes
+            entered.set()
+            await asyncio.Event().wait()
+
+    async with Bus(settings) as setup:
+        await setup.declare()
+        dead = aio_pika.Message(
+            b"poison", message_id="m-dl-crash", headers={"x-order-id": order_id}
+        )
+        await setup.publish_raw(setup.topology.dead_letter_exchange, "", dead)
+
+        doomed_bus = Bus(settings)
+        await doomed_bus.connect()
+        doomed = asyncio.create_task(DeadLetterIngester(settings, doomed_bus, Frozen(pool)).run())
+        await asyncio.wait_for(entered.wait(), 10)
+        await doomed_bus.close()  # the process dies: its connection drops, nothing was acked
+        doomed.cancel()
+        await asyncio.gather(doomed, return_exceptions=True)
+
+        survivor = asyncio.create_task(DeadLetterIngester(settings, setup, Store(pool)).run())
+        try:
+            rows = await eventually(lambda: dead_letters(pool, order_id), lambda r: len(r) == 1)
+        finally:
+            survivor.cancel()
+            await asyncio.gather(survivor, return_exceptions=True)
+            channel = await setup.connection.channel()
+            await setup.topology.delete(channel)
+    assert rows[0]["message_id"] == "m-dl-crash"
+    assert rows[0]["body"] == b"poison"

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import asyncpg
 
 from saga_coordinator.app import Stack
 from services.faults import add_fault, clear_faults
+from shared.bus import Bus
 from shared.client import SagaClient
+from shared.config import Settings
 from tests.integration.helpers import (
     REFUND,
     eventually,
+    publish_start,
     ran_one_after_another,
     saga_status,
     terminal,
@@ -17,10 +22,12 @@ from tests.integration.helpers import (
 
 
 async def test_second_start_waits_for_the_first(
-    stack: Stack, client: SagaClient, order_id: str
+    stack: Stack, settings: Settings, order_id: str
 ) -> None:
-    first = await client.start("refund", order_id=order_id, params=REFUND)
-    second = await client.start("refund", order_id=order_id, params=REFUND)
+    async with Bus(settings) as bus:
+        first = await publish_start(bus, order_id)
+        await asyncio.sleep(0.001)
+        second = await publish_start(bus, order_id)
 
     a = await terminal(stack, first)
     b = await terminal(stack, second)
