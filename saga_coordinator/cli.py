@@ -161,6 +161,8 @@ def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str
             sid = await client.start(
                 saga, order_id=order_id, params=_parse_params(params), plan=plan, saga_id=saga_id
             )
+            if client.last_reply is not None and client.last_reply.type == "command.parked":
+                click.echo(f"parked: {client.last_reply.reason}", err=True)
             if wait_s is None:
                 return sid, None
             try:

@@ -10,13 +10,13 @@ from datetime import UTC, datetime
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from saga_coordinator.failures import failure_recorder
 from saga_coordinator.processor import Processor
 from saga_coordinator.store import Store
 from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.codec import PARTITION, decode_incoming
 from shared.config import Settings
+from shared.failures import failure_recorder
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Coordinator:
                         self.handle,
                         prefetch=self.settings.partition_prefetch,
                         mode="sequential",
-                        on_failure=failure_recorder(self.store, queue, block_order=True),
+                        on_failure=failure_recorder(self.store.pool, queue, block_order=True),
                     ),
                     name=f"partition-{index}",
                 )

@@ -8,13 +8,13 @@ import logging
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from saga_coordinator.failures import failure_recorder
 from saga_coordinator.store import Store
 from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.codec import COMMANDS, decode_incoming, peek
 from shared.config import Settings
 from shared.errors import InvalidMessage, PlanRejected
+from shared.failures import failure_recorder
 from shared.gateway import admit
 from shared.messages import CommandReply, StartSaga
 
@@ -71,5 +71,5 @@ class Intake:
             self.handle,
             prefetch=self.settings.partition_prefetch,
             mode="sequential",
-            on_failure=failure_recorder(self.store, queue, block_order=True),
+            on_failure=failure_recorder(self.store.pool, queue, block_order=True),
         )

@@ -19,7 +19,7 @@ from saga_coordinator.register import HOLDS_ORDER, TERMINAL
 from saga_coordinator.store import OutboxRow, Tx
 from shared.catalog import Catalog
 from shared.codec import PARTITION
-from shared.messages import ActionRequest, PartitionMessage
+from shared.messages import ActionRequest, CommandReply, PartitionMessage
 from shared.topology import Topology
 
 _PARTITION: TypeAdapter[PartitionMessage] = PARTITION
@@ -40,6 +40,23 @@ def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
     return rows
 
 
+def parked_reply(message: PartitionMessage, reason: str, now: datetime) -> Transition:
+    """Tell a waiting agent its command is kept, not lost: it runs once the order is free."""
+    reply_to = getattr(message, "reply_to", None)
+    if reply_to is None:
+        return Transition(None)
+    reply = CommandReply(
+        type="command.parked",
+        saga_id=message.saga_id,
+        order_id=message.order_id,
+        timestamp=now,
+        command_id=message.message_id,
+        command_type=message.type,
+        reason=reason,
+    )
+    return Transition(None, (Reply(reply_to, reply),))
+
+
 class Processor:
     def __init__(self, catalog: Catalog, topology: Topology) -> None:
         self.catalog = catalog
@@ -55,6 +72,7 @@ class Processor:
         admission = convoy.admit(order, message.message_id, seq)
         if admission.verdict is Verdict.PARK:
             await tx.park(message, seq, admission.reason)
+            await tx.outbox(route(self.topology, parked_reply(message, admission.reason, now)))
             await tx.log(message, message.saga_id, f"parked: {admission.reason}", None)
             return f"parked: {admission.reason}"
         if admission.verdict is Verdict.STALE:

@@ -84,11 +84,6 @@ WHERE order_id = $1;
 -- name: order_get
 SELECT order_id, active_saga_id, next_seq, handled, updated_at FROM orders WHERE order_id = $1;
 
--- name: block_upsert
-INSERT INTO order_blocks (order_id, message_id, state, reason) VALUES ($1, $2, $3, $4)
-ON CONFLICT (order_id, message_id)
-DO UPDATE SET state = EXCLUDED.state, reason = EXCLUDED.reason, updated_at = now();
-
 -- name: block_delete
 DELETE FROM order_blocks WHERE order_id = $1 AND message_id = $2;
 
@@ -116,11 +111,6 @@ DELETE FROM parked WHERE id = $1;
 -- name: waiting_next
 SELECT state::text FROM sagas WHERE order_id = $1 AND status = 'waiting'
 ORDER BY arrival LIMIT 1 FOR UPDATE;
-
--- name: failure_upsert
-INSERT INTO delivery_failures (message_id, order_id, queue, last_error) VALUES ($1, $2, $3, $4)
-ON CONFLICT (message_id) DO UPDATE
-SET attempts = delivery_failures.attempts + 1, last_error = EXCLUDED.last_error, last_at = now();
 
 -- name: seq_existing
 SELECT seq FROM command_seqs WHERE message_id = $1;

@@ -23,6 +23,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.register import SagaState
 from shared.errors import RetryLater
+from shared.failures import Q as FQ
 from shared.messages import Envelope
 from shared.sql import Queries
 
@@ -93,7 +94,7 @@ class Tx:
         )
 
     async def block(self, order_id: str, message_id: str, state: str, reason: str) -> None:
-        await self.conn.execute(Q.block_upsert, order_id, message_id, state, reason[:2000])
+        await self.conn.execute(FQ.block_upsert, order_id, message_id, state, reason[:2000])
 
     async def unblock(self, order_id: str, message_id: str) -> None:
         await self.conn.execute(Q.block_delete, order_id, message_id)
@@ -193,19 +194,6 @@ class Store:
                 reason,
                 body,
             )
-
-        await self.run(work)
-
-    async def record_failure(
-        self, *, message_id: str, order_id: str | None, queue: str, error: str, block: str | None
-    ) -> None:
-        """One failed attempt: its error (for the dead letter) and, when asked, a block on the
-        order so that its later messages wait instead of overtaking this one."""
-
-        async def work(tx: Tx) -> None:
-            await tx.conn.execute(Q.failure_upsert, message_id, order_id, queue, error[:4000])
-            if block is not None and order_id is not None:
-                await tx.block(order_id, message_id, block, error)
 
         await self.run(work)
 

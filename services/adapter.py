@@ -34,6 +34,7 @@ from shared.catalog import Catalog
 from shared.codec import decode_incoming
 from shared.config import Settings
 from shared.errors import RetryLater
+from shared.failures import failure_recorder
 from shared.messages import ActionDone, ActionFailed, ActionRequest
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,13 @@ class Adapter:
         queue = self.bus.topology.action_queue(self.service)
         log.info("adapter %s consuming %s", self.service, queue)
         await self.bus.consume(
-            queue, self.handle, prefetch=self.settings.adapter_prefetch, mode="concurrent"
+            queue,
+            self.handle,
+            prefetch=self.settings.adapter_prefetch,
+            mode="concurrent",
+            # A request's order is not blocked until it is dead-lettered: other requests of the
+            # same order do not exist while this one is in flight (one action per saga).
+            on_failure=failure_recorder(self.pool, queue, block_order=False),
         )
 
     async def handle(self, message: AbstractIncomingMessage) -> None:

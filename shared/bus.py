@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Literal
 
 import aio_pika
+import aiormq
 from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
@@ -109,25 +111,64 @@ class Bus:
         on_failure: FailureHook | None = None,
     ) -> None:
         """Consume until cancelled. ``sequential`` handles one delivery at a time in queue order
-        (aio-pika would otherwise run one task per delivery and lose the order)."""
+        (aio-pika would otherwise run one task per delivery and lose the order).
+
+        A watchdog notices when the broker cancels the consumer (its queue was deleted, a node
+        failed over) and subscribes again, re-declaring the topology first: a consumer that the
+        server dropped never silently stops the component."""
+        backoff = 0.2
+        while True:
+            try:
+                await self._consume_until_lost(queue_name, handler, prefetch, mode, on_failure)
+            except (ConsumerLost, aiormq.exceptions.AMQPError, ConnectionError) as exc:
+                log.warning("consumer of %s lost (%s); subscribing again", queue_name, exc)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+            with contextlib.suppress(aiormq.exceptions.AMQPError, ConnectionError, RuntimeError):
+                await self.declare()
+
+    async def _consume_until_lost(
+        self,
+        queue_name: str,
+        handler: Handler,
+        prefetch: int,
+        mode: Literal["sequential", "concurrent"],
+        on_failure: FailureHook | None,
+    ) -> None:
         channel = await self.connection.channel()
         await channel.set_qos(prefetch_count=prefetch)
-        queue = await channel.get_queue(queue_name, ensure=False)
-        try:
+        inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+
+        async def on_message(message: AbstractIncomingMessage) -> None:
             if mode == "sequential":
-                async with queue.iterator() as deliveries:
-                    async for message in deliveries:
-                        await deliver(message, handler, on_failure)
+                inbox.put_nowait(message)  # before any await: arrival order is kept
             else:
+                await deliver(message, handler, on_failure)
 
-                async def on_message(message: AbstractIncomingMessage) -> None:
-                    await deliver(message, handler, on_failure)
+        async def work() -> None:
+            while True:
+                await deliver(await inbox.get(), handler, on_failure)
 
-                tag = await queue.consume(on_message)
-                try:
-                    await asyncio.Future()
-                finally:
-                    await queue.cancel(tag)
+        worker = asyncio.create_task(work()) if mode == "sequential" else None
+        try:
+            queue = await channel.get_queue(queue_name, ensure=False)
+            tag = await queue.consume(on_message)
+            while True:
+                await asyncio.sleep(self.settings.watchdog_s)
+                underlay = await channel.get_underlay_channel()
+                consumers = getattr(underlay, "consumers", None)
+                if consumers is not None and tag not in consumers:
+                    raise ConsumerLost(f"the broker cancelled the consumer of {queue_name}")
+                if worker is not None and worker.done():
+                    worker.result()
         finally:
+            if worker is not None:
+                worker.cancel()
+                await asyncio.gather(worker, return_exceptions=True)
             if not channel.is_closed:
-                await channel.close()
+                with contextlib.suppress(Exception):
+                    await channel.close()
+
+
+class ConsumerLost(Exception):
+    """The broker cancelled our consumer; the supervisor subscribes again."""

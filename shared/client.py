@@ -54,6 +54,8 @@ class SagaClient:
         self._pending: dict[str, asyncio.Future[CommandReply]] = {}
         self._outcomes: dict[str, SagaEvent] = {}
         self._waiters: dict[str, list[asyncio.Future[SagaEvent]]] = {}
+        # The reply to the last command: ``command.parked`` says it waits behind a blocked order.
+        self.last_reply: CommandReply | None = None
 
     async def __aenter__(self) -> SagaClient:
         await self.open()
@@ -151,6 +153,7 @@ class SagaClient:
             reply = await asyncio.wait_for(future, self.reply_timeout_s)
         finally:
             self._pending.pop(command.message_id, None)
+        self.last_reply = reply
         if reply.type == "command.rejected":
             raise CommandRejected(reply)
         return reply

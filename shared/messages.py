@@ -147,7 +147,9 @@ PartitionMessage = Annotated[
 
 
 class CommandReply(Envelope):
-    type: Literal["command.accepted", "command.rejected"]
+    # parked: the order is blocked (a dead letter) or a command before this one is missing; the
+    # command is kept and applied, in order, once the order is unblocked.
+    type: Literal["command.accepted", "command.rejected", "command.parked"]
     command_id: str
     command_type: str
     reason: str = ""

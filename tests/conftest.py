@@ -47,6 +47,7 @@ def settings(database_url: str, run_id: str) -> Settings:
         partitions=4,
         delivery_limit=5,
         relay_poll_s=0.2,
+        watchdog_s=0.3,
     )
 
 

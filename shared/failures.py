@@ -1,0 +1,35 @@
+"""The failure hook every consumer passes to the bus: record the error, block the order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+from aio_pika.abc import AbstractIncomingMessage
+
+from shared.codec import identify_incoming
+from shared.delivery import FailureHook, Outcome
+from shared.sql import Queries
+
+Q = Queries(Path(__file__).with_name("sql") / "failures.sql")
+
+
+def failure_recorder(pool: asyncpg.Pool, queue: str, *, block_order: bool) -> FailureHook:
+    """Each failed attempt is stored with its error, so the dead letter can say why. Consumers
+    of an order's convoy (intake, partitions) also block the order at the first failure: with a
+    prefetch above one, later messages of the order are already in hand and would otherwise be
+    handled before the failed one comes back. One attempt only: when the database is down the
+    message is retried anyway, and the hook must not hold the delivery."""
+
+    async def on_failure(
+        message: AbstractIncomingMessage, error: BaseException, outcome: Outcome
+    ) -> None:
+        ident = identify_incoming(message)
+        text = f"{type(error).__name__}: {error}"[:4000]
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(Q.failure_upsert, ident.message_id, ident.order_id, queue, text)
+            if block_order and ident.order_id is not None:
+                state = "dead" if outcome is Outcome.DEAD_LETTER else "retrying"
+                await conn.execute(Q.block_upsert, ident.order_id, ident.message_id, state, text)
+
+    return on_failure
