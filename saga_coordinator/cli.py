@@ -161,8 +161,13 @@ def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str
             sid = await client.start(
                 saga, order_id=order_id, params=_parse_params(params), plan=plan, saga_id=saga_id
             )
-            if client.last_reply is not None and client.last_reply.type == "command.parked":
-                click.echo(f"parked: {client.last_reply.reason}", err=True)
+            reply = client.last_reply
+            if reply is not None and reply.type == "command.parked" and wait_s is None:
+                if as_json:
+                    dump({"saga_id": sid, "parked": reply.reason})
+                else:
+                    click.echo(f"parked: saga {sid} waits ({reply.reason})")
+                sys.exit(0)
             if wait_s is None:
                 return sid, None
             try:
