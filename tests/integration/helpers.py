@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -12,6 +13,7 @@ from pydantic import JsonValue
 from saga_coordinator.app import Stack
 from saga_coordinator.register import SagaState
 from shared.bus import Bus
+from shared.config import Settings
 from shared.messages import StartSaga
 from shared.topology import partition_of
 
@@ -80,3 +82,15 @@ def ran_one_after_another(first: SagaState, second: SagaState) -> bool:
     """The second saga's first action started only after the first saga had finished."""
     started = [s.started_at for s in second.steps if s.started_at is not None]
     return first.finished_at is not None and bool(started) and min(started) >= first.finished_at
+
+
+def saga_env(settings: Settings) -> dict[str, str]:
+    """The environment that points a `saga` process at this test's broker, database and queues."""
+    return {
+        **os.environ,
+        "SAGA_AMQP_URL": settings.amqp_url,
+        "SAGA_DATABASE_URL": settings.database_url,
+        "SAGA_NAMESPACE": settings.namespace,
+        "SAGA_PARTITIONS": str(settings.partitions),
+        "SAGA_LOG_LEVEL": "WARNING",
+    }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 from typing import Any
 
@@ -13,18 +12,11 @@ import aio_pika
 from saga_coordinator.app import Stack
 from shared.bus import Bus
 from shared.config import Settings
-from tests.integration.helpers import eventually, publish_start, terminal
+from tests.integration.helpers import eventually, publish_start, saga_env, terminal
 
 
 async def saga(settings: Settings, *args: str) -> tuple[int, str, str]:
-    env = {
-        **os.environ,
-        "SAGA_AMQP_URL": settings.amqp_url,
-        "SAGA_DATABASE_URL": settings.database_url,
-        "SAGA_NAMESPACE": settings.namespace,
-        "SAGA_PARTITIONS": str(settings.partitions),
-        "SAGA_LOG_LEVEL": "WARNING",
-    }
+    env = saga_env(settings)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

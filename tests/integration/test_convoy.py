@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import signal
 import sys
 import uuid
@@ -19,7 +18,7 @@ from saga_coordinator.register import SagaState
 from shared.bus import Bus
 from shared.config import Settings
 from shared.messages import AbortSaga, AnyCommand, StartSaga
-from tests.integration.helpers import REFUND, eventually
+from tests.integration.helpers import REFUND, eventually, saga_env
 
 ORDERS = 200
 
@@ -31,14 +30,7 @@ async def two_coordinators(
     """Two real `saga run coordinator` processes, beside in-process adapters."""
     adapters = Stack(settings, ["inventory", "erp", "payments", "email"])
     await adapters.start()
-    env = {
-        **os.environ,
-        "SAGA_AMQP_URL": settings.amqp_url,
-        "SAGA_DATABASE_URL": settings.database_url,
-        "SAGA_NAMESPACE": settings.namespace,
-        "SAGA_PARTITIONS": str(settings.partitions),
-        "SAGA_LOG_LEVEL": "WARNING",
-    }
+    env = saga_env(settings)
     procs = []
     for n in range(2):
         log = (tmp_path / f"coordinator-{n}.log").open("wb")

@@ -21,6 +21,16 @@ from tests.integration.helpers import (
 )
 
 
+async def stuck_saga(stack: Stack, client: SagaClient, pool: asyncpg.Pool, order_id: str) -> str:
+    """A refund left in needs_human (its credit note and the stock release both failed)."""
+    await add_fault(pool, "erp.create_credit_note", order_id, "permanent")
+    await add_fault(pool, "inventory.release_stock", order_id, "permanent")
+    first = await client.start("refund", order_id=order_id, params=REFUND)
+    assert (await terminal(stack, first)).status == "needs_human"
+    await clear_faults(pool, order_id)
+    return first
+
+
 async def test_second_start_waits_for_the_first(
     stack: Stack, settings: Settings, order_id: str
 ) -> None:
@@ -39,11 +49,7 @@ async def test_second_start_waits_for_the_first(
 async def test_needs_human_keeps_the_order_until_resume(
     stack: Stack, client: SagaClient, pool: asyncpg.Pool, order_id: str
 ) -> None:
-    await add_fault(pool, "erp.create_credit_note", order_id, "permanent")
-    await add_fault(pool, "inventory.release_stock", order_id, "permanent")
-    first = await client.start("refund", order_id=order_id, params=REFUND)
-    assert (await terminal(stack, first)).status == "needs_human"
-    await clear_faults(pool, order_id)
+    first = await stuck_saga(stack, client, pool, order_id)
 
     second = await client.start("refund", order_id=order_id, params=REFUND)
     waiting = await stack.store.get(second)
@@ -62,11 +68,7 @@ async def test_needs_human_keeps_the_order_until_resume(
 async def test_needs_human_keeps_the_order_until_resolved(
     stack: Stack, client: SagaClient, pool: asyncpg.Pool, order_id: str
 ) -> None:
-    await add_fault(pool, "erp.create_credit_note", order_id, "permanent")
-    await add_fault(pool, "inventory.release_stock", order_id, "permanent")
-    first = await client.start("refund", order_id=order_id, params=REFUND)
-    assert (await terminal(stack, first)).status == "needs_human"
-    await clear_faults(pool, order_id)
+    first = await stuck_saga(stack, client, pool, order_id)
     second = await client.start("refund", order_id=order_id, params=REFUND)
     third = await client.start("refund", order_id=order_id, params=REFUND)
     assert await saga_status(stack, second) == "waiting"
@@ -88,10 +90,7 @@ async def test_needs_human_keeps_the_order_until_resolved(
 async def test_abort_of_a_waiting_saga_ends_it_without_running_anything(
     stack: Stack, client: SagaClient, pool: asyncpg.Pool, order_id: str
 ) -> None:
-    await add_fault(pool, "erp.create_credit_note", order_id, "permanent")
-    await add_fault(pool, "inventory.release_stock", order_id, "permanent")
-    first = await client.start("refund", order_id=order_id, params=REFUND)
-    await terminal(stack, first)
+    first = await stuck_saga(stack, client, pool, order_id)
     second = await client.start("refund", order_id=order_id, params=REFUND)
 
     await client.abort(second, order_id=order_id, reason="customer changed their mind")
