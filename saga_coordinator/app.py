@@ -14,6 +14,7 @@ from saga_coordinator.dead_letters import DeadLetterIngester
 from saga_coordinator.intake import Intake
 from saga_coordinator.relay import Relay
 from saga_coordinator.store import Store
+from saga_coordinator.timer import DeadlineTimer
 from services.adapter import Adapter
 from shared.bus import Bus
 from shared.catalog import Catalog, load_catalog
@@ -64,7 +65,7 @@ class Stack:
         self._pool = await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=10)
         await self.bus.connect()
         await self.bus.declare()
-        store = Store(self._pool)
+        store = Store(self._pool, db_retry_s=self.settings.db_retry_s)
         runners = []
         if "coordinator" in self.components:
             runners.append(("intake", Intake(self.settings, self.catalog, self.bus, store).run()))
@@ -73,9 +74,14 @@ class Stack:
             runners.append(("relay", Relay(self.settings, self._pool, self.bus).run()))
             ingester = DeadLetterIngester(self.settings, self.bus, store)
             runners.append(("dead-letters", ingester.run()))
+            timer = DeadlineTimer(self.settings, store, self.bus.topology)
+            runners.append(("deadlines", timer.run()))
         for service in SERVICES:
             if service in self.components:
-                adapter = Adapter(service, self.settings, self.catalog, self.bus, self._pool)
+                adapter = Adapter(
+                    service, self.settings, self.catalog, self.bus, self._pool,
+                    db_retry_s=self.settings.db_retry_s,
+                )  # fmt: skip
                 runners.append((service, adapter.run()))
         self._tasks = [asyncio.create_task(coro, name=name) for name, coro in runners]
         log.info("started %s", ", ".join(self.components))

@@ -27,6 +27,7 @@ from shared.messages import (
     ActionFailed,
     ActionRequest,
     CommandReply,
+    DeadlineReached,
     EventType,
     PartitionMessage,
     ResolveSaga,
@@ -82,6 +83,8 @@ def decide(
         return resume(state, message, now)
     if isinstance(message, ResolveSaga):
         return resolve(state, message, now)
+    if isinstance(message, DeadlineReached):
+        return on_deadline(state, message, now)
     if message.phase == "compensation":
         return on_compensation_outcome(state, message, now)
     return on_forward_outcome(state, message, now)
@@ -96,10 +99,14 @@ def start(
             action=s.action,
             action_class=s.spec.action_class,
             params=s.params,
-            timeout_s=s.spec.timeout_s,
+            timeout_s=s.forward.timeout_s,
+            answer_within_s=s.forward.answer_within_s,
+            max_sends=s.forward.sends,
             result_fields=s.spec.result,
             compensation=s.spec.compensation,
-            compensation_timeout_s=s.compensation_timeout_s,
+            compensation_timeout_s=s.compensation.timeout_s,
+            compensation_answer_within_s=s.compensation.answer_within_s,
+            compensation_max_sends=s.compensation.sends,
             residue=s.spec.residue,
         )
         for s in plan.steps
@@ -237,16 +244,66 @@ def on_forward_outcome(
     else:
         reason = message.reason
         failure = {"error": reason, "effect_unknown": message.effect_unknown}
-    step = step.model_copy(update={**common, **failure, "status": "failed"})
+    return _forward_failed(state, step.model_copy(update={**common, **failure}), reason, now)
+
+
+def _forward_failed(state: SagaState, step: Step, reason: str, now: datetime) -> Transition:
+    out: list[Outgoing] = []
+    step = step.model_copy(update={"status": "failed", "finished_at": now})
     if step.effect_unknown:
         step = step.model_copy(update={"landed_seq": state.landed_count + 1})
     state = _land(state, step, now)
     out.append(_event(state, "step.failed", now, step, detail=reason))
     if state.status == "running":
-        state = _begin_compensation(
-            state, f"step {step.index} {step.action} failed: {reason}", now, out
-        )
+        why = f"step {step.index} {step.action} failed: {reason}"
+        state = _begin_compensation(state, why, now, out)
     return Transition(_advance(state, now, out), tuple(out), note=f"step {step.index} failed")
+
+
+def on_deadline(state: SagaState, message: DeadlineReached, now: datetime) -> Transition:
+    """No outcome in time: send the same request again (same key, so at most one effect), or,
+    after the last send, give up on it as an outcome that may have landed."""
+    step = state.step(message.step)
+    forward = message.phase == "forward"
+    if (
+        step is None
+        or (forward and (step.status != "running" or message.attempt != step.sends))
+        or (
+            not forward
+            and (
+                step.compensation_status != "running" or message.attempt != step.compensation_sends
+            )
+        )
+        or message.idempotency_key
+        != (
+            forward_key(state.saga_id, step.action)
+            if forward
+            else compensation_key(state.saga_id, step)
+        )
+    ):
+        return _ignored(state, f"stale deadline for step {message.step}")
+    sends, limit = (
+        (step.sends, step.max_sends)
+        if forward
+        else (step.compensation_sends, step.compensation_max_sends)
+    )
+    if sends < limit:
+        step = step.model_copy(
+            update={"sends": sends + 1} if forward else {"compensation_sends": sends + 1}
+        )
+        state = state.with_step(step, updated_at=now)
+        phase = "forward" if forward else "compensation"
+        detail = f"no answer to send {sends} of {limit}: sent again"
+        out: list[Outgoing] = [
+            _request(state, step, phase, now),
+            _event(state, "step.resent", now, step, detail=detail),
+        ]
+        return Transition(state, tuple(out), note=f"step {step.index} {phase} sent again")
+    reason = f"no answer after {sends} send(s); the effect is unknown"
+    if forward:
+        step = step.model_copy(update={"error": reason, "effect_unknown": True})
+        return _forward_failed(state, step, reason, now)
+    return _compensation_failed(state, step, reason, step.compensation_attempts, now)
 
 
 def on_compensation_outcome(
@@ -275,21 +332,28 @@ def on_compensation_outcome(
         state = state.with_step(step, updated_at=now)
         out.append(_event(state, "step.compensated", now, step))
         return Transition(_advance(state, now, out), tuple(out), note=f"step {step.index} undone")
+    return _compensation_failed(state, step, message.reason, attempts, now)
+
+
+def _compensation_failed(
+    state: SagaState, step: Step, error: str, attempts: int, now: datetime
+) -> Transition:
     step = step.model_copy(
         update={
             "status": "compensation_failed",
             "compensation_status": "failed",
             "compensation_attempts": attempts,
-            "compensation_error": message.reason,
+            "compensation_error": error,
         }
     )
     reason = (
-        f"compensation {step.compensation} of step {step.index} ({step.action}) failed: "
-        f"{message.reason}"
+        f"compensation {step.compensation} of step {step.index} ({step.action}) failed: {error}"
     )
     state = state.with_step(step, status="needs_human", needs_human_reason=reason, updated_at=now)
-    out.append(_event(state, "step.compensation_failed", now, step, detail=message.reason))
-    out.append(_event(state, "saga.needs_human", now, detail=reason, register=True))
+    out: list[Outgoing] = [
+        _event(state, "step.compensation_failed", now, step, detail=error),
+        _event(state, "saga.needs_human", now, detail=reason, register=True),
+    ]
     return Transition(state, tuple(out), note="needs_human")
 
 
@@ -355,7 +419,7 @@ def _advance(state: SagaState, now: datetime, out: list[Outgoing]) -> SagaState:
         step = next((s for s in state.steps if s.status == "pending"), None)
         if step is None:
             return _finish(state, "completed", "saga.completed", now, out)
-        step = step.model_copy(update={"status": "running", "started_at": now})
+        step = step.model_copy(update={"status": "running", "started_at": now, "sends": 1})
         state = state.with_step(step, updated_at=now)
         out.append(_request(state, step, "forward", now))
         out.append(_event(state, "step.started", now, step))
@@ -364,7 +428,9 @@ def _advance(state: SagaState, now: datetime, out: list[Outgoing]) -> SagaState:
         todo = compensation_order(state)
         if not todo:
             return _finish(state, "compensated", "saga.compensated", now, out)
-        step = todo[0].model_copy(update={"compensation_status": "running"})
+        step = todo[0].model_copy(
+            update={"compensation_status": "running", "compensation_sends": 1}
+        )
         state = state.with_step(step, updated_at=now)
         out.append(_request(state, step, "compensation", now))
         out.append(_event(state, "step.compensating", now, step))
@@ -402,6 +468,7 @@ def _request(state: SagaState, step: Step, phase: str, now: datetime) -> ActionR
         idempotency_key=key,
         params=params,
         timeout_s=timeout,
+        attempt=step.sends if phase == "forward" else step.compensation_sends,
     )
 
 

@@ -8,14 +8,14 @@ order, the messages parked behind it are applied in order in the same transactio
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import TypeAdapter
 
 from saga_coordinator import convoy
 from saga_coordinator.convoy import OrderView, Verdict
 from saga_coordinator.machine import Reply, Transition, begin, decide
-from saga_coordinator.register import HOLDS_ORDER, TERMINAL
+from saga_coordinator.register import HOLDS_ORDER, TERMINAL, SagaState
 from saga_coordinator.store import OutboxRow, Tx
 from shared.catalog import Catalog
 from shared.codec import PARTITION
@@ -132,9 +132,30 @@ class Processor:
         return await self._hand_over(tx, order, transition, now), transition.note
 
     async def _store(self, tx: Tx, new: bool, transition: Transition, now: datetime) -> None:
-        if transition.state is not None and transition.changed:
-            await tx.save_saga(transition.state, new=new, now=now)
+        state = transition.state
+        if state is not None and transition.changed:
+            await tx.save_saga(state, new=new, now=now)
+            await self._deadline(tx, state, transition, now)
         await tx.outbox(route(self.topology, transition))
+
+    async def _deadline(
+        self, tx: Tx, state: SagaState, transition: Transition, now: datetime
+    ) -> None:
+        """Each request sent arms the saga's deadline; nothing in flight disarms it."""
+        requests = [m for m in transition.out if isinstance(m, ActionRequest)]
+        if requests:
+            request = requests[-1]
+            step = state.steps[request.step]
+            wait = (
+                step.answer_within_s
+                if request.phase == "forward"
+                else step.compensation_answer_within_s
+            )
+            await tx.arm_deadline(request, now + timedelta(seconds=wait))
+        elif not any(
+            s.status == "running" or s.compensation_status == "running" for s in state.steps
+        ):
+            await tx.disarm_deadline(state.saga_id)
 
     async def _hand_over(
         self, tx: Tx, order: OrderView, transition: Transition, now: datetime

@@ -122,3 +122,17 @@ RETURNING last_seq;
 
 -- name: seq_record
 INSERT INTO command_seqs (message_id, order_id, seq) VALUES ($1, $2, $3);
+
+-- name: deadline_arm
+INSERT INTO deadlines (saga_id, order_id, step, phase, idempotency_key, attempt, due_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (saga_id) DO UPDATE
+SET step = EXCLUDED.step, phase = EXCLUDED.phase, idempotency_key = EXCLUDED.idempotency_key,
+    attempt = EXCLUDED.attempt, due_at = EXCLUDED.due_at;
+
+-- name: deadline_disarm
+DELETE FROM deadlines WHERE saga_id = $1;
+
+-- name: deadlines_due
+SELECT saga_id, order_id, step, phase, idempotency_key, attempt FROM deadlines
+WHERE due_at <= now() ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED;

@@ -43,12 +43,17 @@ class Step(_Frozen):
     action_class: ActionClass = Field(alias="class")
     params: dict[str, JsonValue]
     timeout_s: float
+    answer_within_s: float = 30.0
+    max_sends: int = 3
     result_fields: tuple[str, ...] = ()
     compensation: str | None = None
     compensation_timeout_s: float = 10.0
+    compensation_answer_within_s: float = 30.0
+    compensation_max_sends: int = 3
     residue: str = ""
 
     status: StepStatus = "pending"
+    sends: int = 0  # requests sent with this key (resends after a deadline included)
     attempts: int = 0
     result: dict[str, JsonValue] | None = None
     error: str | None = None
@@ -59,6 +64,7 @@ class Step(_Frozen):
     landed_seq: int | None = None
 
     compensation_status: CompensationStatus = "none"
+    compensation_sends: int = 0
     compensation_attempts: int = 0
     # Bumped by each resume: a stored failure is final for its idempotency key, so a retry that
     # a person asked for needs a fresh key (the compensation itself is idempotent by nature).

@@ -40,6 +40,12 @@ class RetryPolicy(_Strict):
     max_backoff_s: float = Field(default=2.0, gt=0, le=600)
 
 
+def answer_within_s(timeout_s: float, retry: RetryPolicy) -> float:
+    """How long the coordinator waits for an outcome before it sends the request again: every
+    adapter attempt may take the whole timeout, with the backoffs between them, plus a margin."""
+    return timeout_s * retry.attempts + retry.max_backoff_s * (retry.attempts - 1) + 2.0
+
+
 class ActionSpec(_Strict):
     action_class: ActionClass = Field(alias="class")
     description: str = ""
@@ -49,12 +55,16 @@ class ActionSpec(_Strict):
     result: tuple[str, ...] = ()
     timeout_s: float = Field(default=10.0, gt=0, le=3600)
     retry: RetryPolicy = RetryPolicy()
+    # How many times the coordinator sends the request (same idempotency key) when no outcome
+    # comes back in time; after the last, the step counts as failed with an unknown effect.
+    sends: int = Field(default=3, ge=1, le=20)
 
 
 class CompensationSpec(_Strict):
     description: str = ""
     timeout_s: float = Field(default=10.0, gt=0, le=3600)
     retry: RetryPolicy = RetryPolicy()
+    sends: int = Field(default=3, ge=1, le=20)
 
 
 class SagaSpec(_Strict):

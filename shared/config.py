@@ -36,6 +36,10 @@ class Settings:
     relay_poll_s: float = 0.5
     # How often each consumer checks that the broker has not cancelled it.
     watchdog_s: float = 2.0
+    deadline_poll_s: float = 0.5
+    # How long a consumer holds a message while the database is unreachable before it gives up
+    # on it (requeue, which counts towards the delivery limit).
+    db_retry_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not _NAMESPACE.match(self.namespace):
@@ -51,7 +55,7 @@ class Settings:
         for name in ("adapter_prefetch", "partition_prefetch", "relay_batch"):
             if not 1 <= getattr(self, name) <= 10_000:
                 raise ConfigError(f"SAGA_{name.upper()}={getattr(self, name)}: must be 1..10000")
-        for name in ("publish_timeout_s", "relay_poll_s", "watchdog_s"):
+        for name in ("publish_timeout_s", "relay_poll_s", "watchdog_s", "deadline_poll_s"):
             if not 0 < getattr(self, name) <= 3600:
                 raise ConfigError(
                     f"SAGA_{name.upper()}={getattr(self, name)}: must be in (0, 3600]"

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, ConfigDict, ValidationError, create_model
 
-from shared.catalog import ActionClass, ActionSpec, Catalog
+from shared.catalog import ActionClass, ActionSpec, Catalog, answer_within_s
 from shared.errors import CatalogError, PlanRejected
 from shared.messages import Plan, StartSaga
 from shared.topology import SERVICES
@@ -34,12 +34,22 @@ _PY_TYPES: dict[str, Any] = {
 
 
 @dataclass(frozen=True)
+class Deadlines:
+    """Per send: the adapter's own timeout, and how long the coordinator waits for an answer."""
+
+    timeout_s: float
+    answer_within_s: float
+    sends: int
+
+
+@dataclass(frozen=True)
 class AdmittedStep:
     index: int
     action: str
     spec: ActionSpec
     params: dict[str, Any]
-    compensation_timeout_s: float
+    forward: Deadlines
+    compensation: Deadlines
 
 
 @dataclass(frozen=True)
@@ -162,10 +172,15 @@ def validate_params(
     return tuple({k: clean[k] for k in catalog.actions[name].params} for name in steps)
 
 
-def _compensation_timeout(catalog: Catalog, action: str) -> float:
-    name = catalog.actions[action].compensation
-    spec = catalog.compensations.get(name) if name else None
-    return spec.timeout_s if spec is not None else catalog.actions[action].timeout_s
+def _deadlines(catalog: Catalog, action: str) -> tuple[Deadlines, Deadlines]:
+    spec = catalog.actions[action]
+    forward = Deadlines(spec.timeout_s, answer_within_s(spec.timeout_s, spec.retry), spec.sends)
+    undo = catalog.compensations.get(spec.compensation) if spec.compensation else None
+    if undo is None:
+        return forward, forward
+    return forward, Deadlines(
+        undo.timeout_s, answer_within_s(undo.timeout_s, undo.retry), undo.sends
+    )
 
 
 def admit(catalog: Catalog, command: StartSaga) -> AdmittedPlan:
@@ -188,7 +203,7 @@ def admit(catalog: Catalog, command: StartSaga) -> AdmittedPlan:
     return AdmittedPlan(
         saga=name,
         steps=tuple(
-            AdmittedStep(i, a, catalog.actions[a], p, _compensation_timeout(catalog, a))
+            AdmittedStep(i, a, catalog.actions[a], p, *_deadlines(catalog, a))
             for i, (a, p) in enumerate(zip(steps, per_step, strict=True))
         ),
         compensation_priority=tuple(priority),

@@ -138,8 +138,20 @@ class ActionFailed(_ActionOutcome):
 
 ActionOutcome = Annotated[ActionDone | ActionFailed, Field(discriminator="type")]
 
+
+class DeadlineReached(Envelope):
+    """The coordinator's own timer: no outcome came for this send of a request in time. It goes
+    through the order's partition like everything else, so it is handled in order."""
+
+    type: Literal["saga.deadline"] = "saga.deadline"
+    step: int = Field(ge=0)
+    phase: Phase
+    idempotency_key: str = Field(min_length=1, max_length=300)
+    attempt: int = Field(ge=1)
+
+
 PartitionMessage = Annotated[
-    StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ActionDone | ActionFailed,
+    StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ActionDone | ActionFailed | DeadlineReached,
     Field(discriminator="type"),
 ]
 
@@ -170,6 +182,7 @@ EventType = Literal[
     "saga.resumed",
     "saga.waiting",
     "saga.resolved",
+    "step.resent",
 ]
 
 
