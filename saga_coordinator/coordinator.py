@@ -16,6 +16,7 @@ from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.codec import PARTITION, decode_incoming
 from shared.config import Settings
+from shared.crashpoints import crash_point
 from shared.failures import failure_recorder
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class Coordinator:
         message = decode_incoming(delivery, PARTITION, self.settings.max_message_bytes)
         now = datetime.now(UTC)
         note = await self.store.run(lambda tx: self.processor.handle(tx, message, now))
+        crash_point("coordinator.before_ack")
         log.debug("%s %s %s: %s", message.order_id, message.saga_id, message.type, note)
 
     async def run(self, partitions: Sequence[int] | None = None) -> None:

@@ -66,6 +66,7 @@ class Processor:
         """Returns what happened, for the log line."""
         if not await tx.inbox_insert(message.message_id, message.saga_id):
             await self.release(tx, message.order_id, message.message_id, now)
+            await tx.log(message, message.saga_id, "duplicate absorbed", None)
             return "duplicate absorbed"
         order = await tx.lock_order(message.order_id)
         seq = convoy.command_seq(message)

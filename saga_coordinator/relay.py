@@ -20,6 +20,7 @@ from saga_coordinator.store import RELAY_LOCK, TRANSIENT_DB_ERRORS, Q, Tx
 from shared.bus import Bus
 from shared.codec import to_amqp
 from shared.config import Settings
+from shared.crashpoints import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class Relay:
             if not await conn.fetchval(Q.outbox_lock, RELAY_LOCK):
                 return 0
             rows = await conn.fetch(Q.outbox_batch, self.settings.relay_batch)
+            if rows:
+                crash_point("relay.before_publish")
             for row in rows:
                 message = to_amqp(
                     row["body"],
@@ -53,6 +56,7 @@ class Relay:
                     log.error("outbox row %s cannot be routed: %s", row["id"], exc)
                     await bury_unroutable(Tx(conn), row, exc)
             if rows:
+                crash_point("relay.after_publish")
                 await conn.execute(Q.outbox_delete, [r["id"] for r in rows])
             return len(rows)
 

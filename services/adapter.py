@@ -33,6 +33,7 @@ from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.codec import decode_incoming
 from shared.config import Settings
+from shared.crashpoints import crash_point
 from shared.errors import RetryLater
 from shared.failures import failure_recorder
 from shared.messages import ActionDone, ActionFailed, ActionRequest
@@ -90,6 +91,7 @@ class Adapter:
     async def handle(self, message: AbstractIncomingMessage) -> None:
         req = decode_incoming(message, _REQUEST, self.settings.max_message_bytes)
         outcome = await self.perform(req)
+        crash_point("adapter.before_publish")
         try:
             await self.bus.to_partition(outcome)
         except (AMQPError, ConnectionError, TimeoutError) as exc:

@@ -13,12 +13,13 @@ from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
     AbstractIncomingMessage,
+    AbstractQueue,
     AbstractRobustConnection,
 )
 
 from shared.codec import message_to_amqp
 from shared.config import Settings
-from shared.delivery import FailureHook, Handler, deliver
+from shared.delivery import FailureHook, Handler, Outcome, deliver
 from shared.messages import Envelope
 from shared.topology import Topology
 
@@ -138,20 +139,30 @@ class Bus:
         channel = await self.connection.channel()
         await channel.set_qos(prefetch_count=prefetch)
         inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        in_hand: set[asyncio.Future[Outcome]] = set()
+
+        def start(message: AbstractIncomingMessage) -> asyncio.Future[Outcome]:
+            # A delivery in hand runs to its ack even when the consumer is stopped: a graceful
+            # stop finishes it instead of abandoning it half done.
+            future = asyncio.ensure_future(deliver(message, handler, on_failure))
+            in_hand.add(future)
+            future.add_done_callback(in_hand.discard)
+            return future
 
         async def on_message(message: AbstractIncomingMessage) -> None:
             if mode == "sequential":
                 inbox.put_nowait(message)  # before any await: arrival order is kept
             else:
-                await deliver(message, handler, on_failure)
+                await asyncio.shield(start(message))
 
         async def work() -> None:
             while True:
-                await deliver(await inbox.get(), handler, on_failure)
+                await asyncio.shield(start(await inbox.get()))
 
         worker = asyncio.create_task(work()) if mode == "sequential" else None
+        tag: str | None = None
+        queue = await channel.get_queue(queue_name, ensure=False)
         try:
-            queue = await channel.get_queue(queue_name, ensure=False)
             tag = await queue.consume(on_message)
             while True:
                 await asyncio.sleep(self.settings.watchdog_s)
@@ -162,12 +173,29 @@ class Bus:
                 if worker is not None and worker.done():
                     worker.result()
         finally:
-            if worker is not None:
-                worker.cancel()
-                await asyncio.gather(worker, return_exceptions=True)
-            if not channel.is_closed:
-                with contextlib.suppress(Exception):
-                    await channel.close()
+            await self._wind_down(channel, queue, tag, worker, in_hand)
+
+    async def _wind_down(
+        self,
+        channel: AbstractChannel,
+        queue: AbstractQueue,
+        tag: str | None,
+        worker: asyncio.Task[None] | None,
+        in_hand: set[asyncio.Future[Outcome]],
+    ) -> None:
+        """Stop taking deliveries, let the ones in hand finish (bounded), then close: whatever
+        was prefetched but not started goes back to the queue, in order."""
+        if tag is not None and not channel.is_closed:
+            with contextlib.suppress(Exception):
+                await queue.cancel(tag)
+        if worker is not None:
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
+        if in_hand:
+            await asyncio.wait(set(in_hand), timeout=self.settings.stop_grace_s)
+        if not channel.is_closed:
+            with contextlib.suppress(Exception):
+                await channel.close()
 
 
 class ConsumerLost(Exception):

@@ -40,6 +40,8 @@ class Settings:
     # How long a consumer holds a message while the database is unreachable before it gives up
     # on it (requeue, which counts towards the delivery limit).
     db_retry_s: float = 600.0
+    # On SIGTERM, how long the deliveries in hand may take to finish before the process exits.
+    stop_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not _NAMESPACE.match(self.namespace):
@@ -55,7 +57,13 @@ class Settings:
         for name in ("adapter_prefetch", "partition_prefetch", "relay_batch"):
             if not 1 <= getattr(self, name) <= 10_000:
                 raise ConfigError(f"SAGA_{name.upper()}={getattr(self, name)}: must be 1..10000")
-        for name in ("publish_timeout_s", "relay_poll_s", "watchdog_s", "deadline_poll_s"):
+        for name in (
+            "publish_timeout_s",
+            "relay_poll_s",
+            "watchdog_s",
+            "deadline_poll_s",
+            "stop_grace_s",
+        ):
             if not 0 < getattr(self, name) <= 3600:
                 raise ConfigError(
                     f"SAGA_{name.upper()}={getattr(self, name)}: must be in (0, 3600]"
