@@ -61,18 +61,35 @@ class Relay:
             return len(rows)
 
     async def run(self) -> None:
-        listener: asyncpg.Connection | None = None
-        try:
-            listener = await asyncpg.connect(self.settings.database_url)
-            await listener.add_listener("saga_outbox", self._on_notify)
-        except TRANSIENT_DB_ERRORS:
-            log.warning("outbox relay: no LISTEN connection, polling only", exc_info=True)
+        listen = asyncio.create_task(self._listen())
         try:
             await self._loop()
         finally:
-            if listener is not None:
-                with contextlib.suppress(Exception):
-                    await listener.close()
+            listen.cancel()
+            await asyncio.gather(listen, return_exceptions=True)
+
+    async def _listen(self) -> None:
+        """Keep a LISTEN connection for low latency, reconnecting after a database restart;
+        meanwhile the relay polls, so nothing depends on it."""
+        while True:
+            listener: asyncpg.Connection | None = None
+            try:
+                listener = await asyncpg.connect(self.settings.database_url)
+                await self._hold(listener)
+            except TRANSIENT_DB_ERRORS:
+                log.debug("outbox relay: LISTEN connection lost; polling meanwhile")
+            finally:
+                if listener is not None:
+                    with contextlib.suppress(Exception):
+                        await listener.close()
+            await asyncio.sleep(1.0)
+
+    async def _hold(self, listener: asyncpg.Connection) -> None:
+        lost = asyncio.Event()
+        listener.add_termination_listener(lambda _: lost.set())
+        await listener.add_listener("saga_outbox", self._on_notify)
+        self._wake.set()  # catch up on anything committed while it was away
+        await lost.wait()
 
     async def _loop(self) -> None:
         backoff = 0.1

@@ -8,7 +8,6 @@ import logging
 from typing import Literal
 
 import aio_pika
-import aiormq
 from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
@@ -121,11 +120,11 @@ class Bus:
         while True:
             try:
                 await self._consume_until_lost(queue_name, handler, prefetch, mode, on_failure)
-            except (ConsumerLost, aiormq.exceptions.AMQPError, ConnectionError) as exc:
-                log.warning("consumer of %s lost (%s); subscribing again", queue_name, exc)
+            except Exception as exc:  # a lost connection or channel surfaces in many types
+                log.warning("consumer of %s lost (%r); subscribing again", queue_name, exc)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
-            with contextlib.suppress(aiormq.exceptions.AMQPError, ConnectionError, RuntimeError):
+            with contextlib.suppress(Exception):  # the broker may still be away: next round
                 await self.declare()
 
     async def _consume_until_lost(
