@@ -12,7 +12,15 @@ from typing import Any
 import click
 
 from saga_coordinator.app import COMPONENTS, Stack
-from saga_coordinator.cli_dlq import actor_option, dlq
+from saga_coordinator.cli_decide import (
+    abort,
+    approve,
+    print_outcome,
+    reject,
+    resolve,
+    resume,
+)
+from saga_coordinator.cli_dlq import dlq
 from saga_coordinator.cli_ops import effects, faults
 from saga_coordinator.cli_support import (
     EXIT_TIMEOUT,
@@ -178,16 +186,7 @@ def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str
         return sid, await with_store(settings, lambda s: s.get(sid))
 
     sid, state = run_async(work())
-    _print_outcome(sid, state, as_json)
-
-
-def _print_outcome(saga_id: str, state: SagaState | None, as_json: bool) -> None:
-    if as_json:
-        dump({"saga_id": saga_id} if state is None else state.register())
-    elif state is None:
-        click.echo(f"accepted: saga {saga_id}")
-    else:
-        click.echo(render_register(state))
+    print_outcome(sid, state, as_json)
 
 
 @main.command()
@@ -277,59 +276,6 @@ def list_(ctx: click.Context, status: str | None, order_id: str | None, limit: i
     click.echo(table(keys, [[r[k] for k in keys] for r in rows]))
 
 
-async def _lookup_order(settings: Settings, saga_id: str) -> str:
-    order = await with_store(settings, lambda s: s.order_of(saga_id))
-    if order is None:
-        raise click.ClickException(f"no saga {saga_id}")
-    return order
-
-
-@main.command()
-@click.argument("saga_id")
-@click.option("--note", default="", help="Why, for the register")
-@click.option("--wait", "wait_s", type=float, help="Wait this many seconds for the outcome")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def resume(
-    ctx: click.Context, saga_id: str, note: str, wait_s: float | None, as_json: bool
-) -> None:
-    """Continue compensating a saga in needs_human, skipping what is already undone."""
-    settings = settings_of(ctx)
-
-    async def work() -> SagaState | None:
-        order = await _lookup_order(settings, saga_id)
-        async with Bus(settings) as bus, SagaClient(bus) as client:
-            await client.resume(saga_id, order_id=order, note=note)
-            if wait_s is None:
-                return None
-            try:
-                await client.wait(saga_id, seconds=wait_s)
-            except TimeoutError:
-                click.echo(f"saga {saga_id}: no outcome within {wait_s}s", err=True)
-                sys.exit(EXIT_TIMEOUT)
-        return await with_store(settings, lambda s: s.get(saga_id))
-
-    _print_outcome(saga_id, run_async(work()), as_json)
-
-
-@main.command()
-@click.argument("saga_id")
-@click.option("--reason", required=True, help="Why, for the register")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def abort(ctx: click.Context, saga_id: str, reason: str, as_json: bool) -> None:
-    """Stop a running saga and compensate everything that may have landed."""
-    settings = settings_of(ctx)
-
-    async def work() -> None:
-        order = await _lookup_order(settings, saga_id)
-        async with Bus(settings) as bus, SagaClient(bus) as client:
-            await client.abort(saga_id, order_id=order, reason=reason)
-
-    run_async(work())
-    dump({"saga_id": saga_id, "aborted": True}) if as_json else click.echo(f"aborting {saga_id}")
-
-
 @main.command()
 @click.option("--order", "order_id")
 @click.option("--limit", default=100, type=click.IntRange(1, 10_000))
@@ -353,25 +299,8 @@ def demo(ctx: click.Context, wait_s: float) -> None:
     run_async(run_demo(settings_of(ctx), click.echo, wait_s))
 
 
-@main.command()
-@click.argument("saga_id")
-@click.option("--note", required=True, help="What was decided, for the register")
-@actor_option
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def resolve(ctx: click.Context, saga_id: str, note: str, actor: str, as_json: bool) -> None:
-    """A person takes over a saga in needs_human: it ends as resolved and its order is freed."""
-    settings = settings_of(ctx)
-
-    async def work() -> SagaState | None:
-        order = await _lookup_order(settings, saga_id)
-        async with Bus(settings) as bus, SagaClient(bus) as client:
-            await client.resolve(saga_id, order_id=order, note=note, by=actor)
-        return await with_store(settings, lambda s: s.get(saga_id))
-
-    _print_outcome(saga_id, run_async(work()), as_json)
-
-
+for command in (abort, approve, reject, resume, resolve):
+    main.add_command(command)
 main.add_command(dlq)
 main.add_command(faults)
 main.add_command(effects)

@@ -4,6 +4,7 @@ plan rules) before it reaches the order's partition. A refusal is recorded, answ
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from aio_pika.abc import AbstractIncomingMessage
@@ -16,7 +17,7 @@ from shared.config import Settings
 from shared.errors import InvalidMessage, PlanRejected
 from shared.failures import failure_recorder
 from shared.gateway import admit
-from shared.messages import CommandReply, StartSaga
+from shared.messages import CommandReply, QuerySaga, StartSaga
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,9 @@ class Intake:
     async def handle(self, delivery: AbstractIncomingMessage) -> None:
         try:
             command = decode_incoming(delivery, COMMANDS, self.settings.max_message_bytes)
+            if isinstance(command, QuerySaga):
+                await self._answer(command)
+                return
             if isinstance(command, StartSaga):
                 admit(self.catalog, command)
         except InvalidMessage as exc:
@@ -43,6 +47,23 @@ class Intake:
         # id, so a re-forwarded duplicate (crash before the ack) is absorbed by the inbox.
         seq = await self.store.assign_seq(command.message_id, command.order_id)
         await self.bus.to_partition(command.model_copy(update={"seq": seq}))
+
+    async def _answer(self, query: QuerySaga) -> None:
+        """A status query reads the register; it goes nowhere near the convoy."""
+        if query.reply_to is None:
+            return
+        state = await self.store.get(query.saga_id)
+        reply = CommandReply(
+            type="command.accepted" if state is not None else "command.rejected",
+            saga_id=query.saga_id,
+            order_id=query.order_id,
+            command_id=query.message_id,
+            command_type=query.type,
+            reason="" if state is not None else f"no saga {query.saga_id}",
+            saga_register=None if state is None else state.register(),
+        )
+        with contextlib.suppress(Exception):  # the agent's reply queue may be gone
+            await self.bus.publish("", query.reply_to, reply)
 
     async def _refuse(self, body: bytes, rule: str, reason: str) -> None:
         ids = peek(body)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from saga_coordinator import gates
 from saga_coordinator.register import (
     Decision,
     SagaState,
@@ -26,10 +27,12 @@ from shared.messages import (
     ActionDone,
     ActionFailed,
     ActionRequest,
+    ApproveSaga,
     CommandReply,
     DeadlineReached,
     EventType,
     PartitionMessage,
+    RejectSaga,
     ResolveSaga,
     ResumeSaga,
     SagaEvent,
@@ -73,7 +76,7 @@ def decide(
             return Transition(None, _reply(message, now, str(exc)), note=f"refused: {exc}")
         return start(message, plan, now, waiting_for=order_held_by)
     if state is None:
-        if isinstance(message, AbortSaga | ResumeSaga | ResolveSaga):
+        if isinstance(message, AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga):
             reason = f"no saga {message.saga_id}"
             return Transition(None, _reply(message, now, reason), note=reason, changed=False)
         return Transition(None, note=f"no saga {message.saga_id}: ignored", changed=False)
@@ -83,7 +86,11 @@ def decide(
         return resume(state, message, now)
     if isinstance(message, ResolveSaga):
         return resolve(state, message, now)
+    if isinstance(message, ApproveSaga | RejectSaga):
+        return gates.decide_gate(state, message, now)
     if isinstance(message, DeadlineReached):
+        if message.phase == "gate":
+            return gates.gate_timed_out(state, message, now)
         return on_deadline(state, message, now)
     if message.phase == "compensation":
         return on_compensation_outcome(state, message, now)
@@ -107,6 +114,7 @@ def start(
             compensation_timeout_s=s.compensation.timeout_s,
             compensation_answer_within_s=s.compensation.answer_within_s,
             compensation_max_sends=s.compensation.sends,
+            gate=s.gate,
             residue=s.spec.residue,
         )
         for s in plan.steps
@@ -142,6 +150,8 @@ def begin(state: SagaState, now: datetime) -> Transition:
 
 
 def abort(state: SagaState, command: AbortSaga, now: datetime) -> Transition:
+    if state.status == "awaiting_approval":
+        state = state.model_copy(update={"status": "running"})  # stopping at a gate = aborting
     if state.status == "waiting":
         decision = Decision(kind="abort", note=command.reason, at=now, by=command.by)
         steps = tuple(s.model_copy(update={"status": "skipped"}) for s in state.steps)
@@ -419,6 +429,8 @@ def _advance(state: SagaState, now: datetime, out: list[Outgoing]) -> SagaState:
         step = next((s for s in state.steps if s.status == "pending"), None)
         if step is None:
             return _finish(state, "completed", "saga.completed", now, out)
+        if step.gate is not None and step.gate_status != "approved":
+            return gates.stop_at_gate(state, step, now, out)
         step = step.model_copy(update={"status": "running", "started_at": now, "sends": 1})
         state = state.with_step(step, updated_at=now)
         out.append(_request(state, step, "forward", now))
@@ -496,7 +508,7 @@ def _event(
 
 
 def _reply(
-    command: StartSaga | AbortSaga | ResumeSaga | ResolveSaga,
+    command: StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga,
     now: datetime,
     refusal: str | None = None,
 ) -> tuple[Reply, ...]:

@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 from saga_coordinator import convoy
 from saga_coordinator.convoy import OrderView, Verdict
 from saga_coordinator.machine import Reply, Transition, begin, decide
-from saga_coordinator.register import HOLDS_ORDER, TERMINAL, SagaState
+from saga_coordinator.register import HOLDS_ORDER, TERMINAL, SagaState, gate_key
 from saga_coordinator.store import OutboxRow, Tx
 from shared.catalog import Catalog
 from shared.codec import PARTITION
@@ -144,15 +144,18 @@ class Processor:
     ) -> None:
         """Each request sent arms the saga's deadline; nothing in flight disarms it."""
         requests = [m for m in transition.out if isinstance(m, ActionRequest)]
+        gated = next((s for s in state.steps if s.gate_status == "waiting"), None)
         if requests:
-            request = requests[-1]
-            step = state.steps[request.step]
-            wait = (
-                step.answer_within_s
-                if request.phase == "forward"
-                else step.compensation_answer_within_s
-            )
-            await tx.arm_deadline(request, now + timedelta(seconds=wait))
+            req = requests[-1]
+            step = state.steps[req.step]
+            forward = req.phase == "forward"
+            wait = step.answer_within_s if forward else step.compensation_answer_within_s
+            due = now + timedelta(seconds=wait)
+            await tx.arm_deadline(state, req.step, req.phase, req.idempotency_key, req.attempt, due)
+        elif state.status == "awaiting_approval" and gated is not None and gated.gate is not None:
+            due = now + timedelta(seconds=gated.gate.timeout_s)
+            key = gate_key(state.saga_id, gated)
+            await tx.arm_deadline(state, gated.index, "gate", key, 1, due)
         elif not any(
             s.status == "running" or s.compensation_status == "running" for s in state.steps
         ):

@@ -12,10 +12,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from shared.catalog import ActionClass
+from shared.messages import Gate
 
 SagaStatus = Literal[
-    "waiting", "running", "compensating", "completed", "compensated", "needs_human", "resolved"
+    "waiting",
+    "running",
+    "awaiting_approval",
+    "compensating",
+    "completed",
+    "compensated",
+    "needs_human",
+    "resolved",
 ]
+GateStatus = Literal["none", "waiting", "approved", "rejected", "timed_out"]
 StepStatus = Literal[
     "pending", "running", "done", "failed", "compensated", "compensation_failed", "skipped"
 ]
@@ -25,7 +34,9 @@ CompensationStatus = Literal["none", "pending", "running", "compensated", "faile
 
 TERMINAL: frozenset[str] = frozenset({"completed", "compensated", "resolved"})
 # A saga in one of these holds its order: later sagas of the order wait behind it.
-HOLDS_ORDER: frozenset[str] = frozenset({"running", "compensating", "needs_human"})
+HOLDS_ORDER: frozenset[str] = frozenset(
+    {"running", "awaiting_approval", "compensating", "needs_human"}
+)
 
 
 class _Frozen(BaseModel):
@@ -51,6 +62,8 @@ class Step(_Frozen):
     compensation_answer_within_s: float = 30.0
     compensation_max_sends: int = 3
     residue: str = ""
+    gate: Gate | None = None  # an approval gate stands before this step
+    gate_status: GateStatus = "none"
 
     status: StepStatus = "pending"
     sends: int = 0  # requests sent with this key (resends after a deadline included)
@@ -116,9 +129,30 @@ class SagaState(_Frozen):
     def register(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    def stakes(self) -> dict[str, Any]:
+        """What a person deciding at a gate needs: what is left to run, what of it cannot be
+        undone, and what compensating now would cost (the residues of what has landed)."""
+        to_run = [s for s in self.steps if s.status == "pending"]
+        landed = [s for s in self.steps if s.may_have_landed]
+        return {
+            "still_to_run": [s.action for s in to_run],
+            "cannot_be_undone": [
+                s.action for s in to_run if s.action_class is ActionClass.IRREVERSIBLE
+            ],
+            "compensating_now_would": [
+                {"undo": s.action, "with": s.compensation, "residue": s.residue or None}
+                for s in sorted(landed, key=lambda s: -(s.landed_seq or 0))
+                if s.action_class.needs_compensation
+            ],
+        }
+
 
 def forward_key(saga_id: str, action: str) -> str:
     return f"{saga_id}:{action}"
+
+
+def gate_key(saga_id: str, step: Step) -> str:
+    return f"{saga_id}:gate:{step.index}"
 
 
 def compensation_key(saga_id: str, step: Step) -> str:

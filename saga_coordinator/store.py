@@ -24,7 +24,7 @@ from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.register import SagaState
 from shared.errors import RetryLater
 from shared.failures import Q as FQ
-from shared.messages import ActionRequest, Envelope
+from shared.messages import Envelope
 from shared.sql import Queries
 
 log = logging.getLogger(__name__)
@@ -137,11 +137,12 @@ class Tx:
             Q.log_insert, saga_id, message.order_id, message.message_id, message.type, note, seq
         )
 
-    async def arm_deadline(self, request: ActionRequest, due_at: datetime) -> None:
+    async def arm_deadline(
+        self, state: SagaState, step: int, phase: str, key: str, attempt: int, due_at: datetime
+    ) -> None:
         await self.conn.execute(
-            Q.deadline_arm, request.saga_id, request.order_id, request.step, request.phase,
-            request.idempotency_key, request.attempt, due_at,
-        )  # fmt: skip
+            Q.deadline_arm, state.saga_id, state.order_id, step, phase, key, attempt, due_at
+        )
 
     async def disarm_deadline(self, saga_id: str) -> None:
         await self.conn.execute(Q.deadline_disarm, saga_id)

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.errors import CatalogError
+from shared.messages import Gate
 
 ParamType = Literal["str", "int", "float", "bool"]
 Name = Annotated[str, Field(pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$")]
@@ -71,6 +72,8 @@ class SagaSpec(_Strict):
     description: str = ""
     steps: tuple[Name, ...] = Field(min_length=1)
     compensation_priority: tuple[Name, ...] = ()
+    # Approval gates, by the action they stand before.
+    gates: dict[Name, Gate] = Field(default_factory=dict)
 
 
 class Catalog(_Strict):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue, ExchangeType
 from pydantic import JsonValue, TypeAdapter
@@ -25,8 +25,11 @@ from shared.errors import InvalidMessage, SagaError
 from shared.messages import (
     AbortSaga,
     AnyCommand,
+    ApproveSaga,
     CommandReply,
     Plan,
+    QuerySaga,
+    RejectSaga,
     ResolveSaga,
     ResumeSaga,
     SagaEvent,
@@ -34,6 +37,8 @@ from shared.messages import (
 )
 
 TERMINAL_EVENTS = ("saga.completed", "saga.compensated", "saga.needs_human", "saga.resolved")
+# Where a saga stops for someone: wait() returns at these too when asked to.
+PAUSE_EVENTS = ("saga.awaiting_approval",)
 _REPLY: TypeAdapter[CommandReply] = TypeAdapter(CommandReply)
 _EVENT: TypeAdapter[SagaEvent] = TypeAdapter(SagaEvent)
 
@@ -52,8 +57,9 @@ class SagaClient:
         self._channel: AbstractChannel | None = None
         self._reply_queue: AbstractQueue | None = None
         self._pending: dict[str, asyncio.Future[CommandReply]] = {}
-        self._outcomes: dict[str, SagaEvent] = {}
-        self._waiters: dict[str, list[asyncio.Future[SagaEvent]]] = {}
+        # Outcomes seen and not yet waited for, per saga, in arrival order.
+        self._outcomes: dict[str, list[SagaEvent]] = {}
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         # The reply to the last command: ``command.parked`` says it waits behind a blocked order.
         self.last_reply: CommandReply | None = None
 
@@ -74,7 +80,7 @@ class SagaClient:
         exchange = await channel.declare_exchange(
             self.bus.topology.events_exchange, ExchangeType.TOPIC, durable=True
         )
-        for key in TERMINAL_EVENTS:
+        for key in (*TERMINAL_EVENTS, *PAUSE_EVENTS):
             await events.bind(exchange, routing_key=key)
         await events.consume(self._on_event, no_ack=True)
 
@@ -103,40 +109,89 @@ class SagaClient:
         await self._send(command)
         return command.saga_id
 
-    async def abort(self, saga_id: str, *, order_id: str, reason: str) -> None:
-        cmd = AbortSaga(
-            saga_id=saga_id, order_id=order_id, reason=reason, reply_to=self._reply_to()
-        )
-        await self._send(cmd)
+    # Decisions about a running saga. ``by`` names who decided (kept in the register);
+    # ``person`` says it was a person, not an agent (an approval gate may require one).
 
-    async def resume(self, saga_id: str, *, order_id: str, note: str = "", by: str = "") -> None:
-        cmd = ResumeSaga(
-            saga_id=saga_id, order_id=order_id, note=note, by=by, reply_to=self._reply_to()
-        )
-        await self._send(cmd)
+    async def abort(
+        self, saga_id: str, *, order_id: str, reason: str, by: str = "", person: bool = False
+    ) -> None:
+        """Stop forward progress; everything that may have landed is compensated."""
+        await self._decide(AbortSaga, saga_id, order_id, by, person, reason=reason)
 
-    async def resolve(self, saga_id: str, *, order_id: str, note: str, by: str = "") -> None:
+    async def resume(
+        self, saga_id: str, *, order_id: str, note: str = "", by: str = "", person: bool = False
+    ) -> None:
+        """Continue compensating a saga in ``needs_human``."""
+        await self._decide(ResumeSaga, saga_id, order_id, by, person, note=note)
+
+    async def resolve(
+        self, saga_id: str, *, order_id: str, note: str, by: str = "", person: bool = True
+    ) -> None:
         """A person takes over a saga in ``needs_human``; its order is released."""
-        cmd = ResolveSaga(
-            saga_id=saga_id, order_id=order_id, note=note, by=by, reply_to=self._reply_to()
-        )
-        await self._send(cmd)
+        await self._decide(ResolveSaga, saga_id, order_id, by, person, note=note)
 
-    async def wait(self, saga_id: str, seconds: float) -> SagaEvent:
-        """The next terminal event (completed, compensated or needs_human) of this saga."""
-        if saga_id in self._outcomes:
-            return self._outcomes.pop(saga_id)
-        future: asyncio.Future[SagaEvent] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(saga_id, []).append(future)
-        try:
-            return await asyncio.wait_for(future, seconds)
-        finally:
-            waiters = self._waiters.get(saga_id, [])
-            if future in waiters:
-                waiters.remove(future)
+    async def approve(
+        self, saga_id: str, *, order_id: str, note: str = "", by: str = "", person: bool = False
+    ) -> None:
+        """Let a saga waiting at an approval gate go on."""
+        await self._decide(ApproveSaga, saga_id, order_id, by, person, note=note)
+
+    async def reject(
+        self, saga_id: str, *, order_id: str, reason: str, by: str = "", person: bool = False
+    ) -> None:
+        """Refuse at the gate: the saga compensates what has landed."""
+        await self._decide(RejectSaga, saga_id, order_id, by, person, reason=reason)
+
+    async def _decide(
+        self,
+        kind: type[AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga],
+        saga_id: str,
+        order_id: str,
+        by: str,
+        person: bool,
+        **fields: str,
+    ) -> None:
+        by_kind: Literal["person", "agent"] = "person" if person else "agent"
+        command = kind(
+            saga_id=saga_id,
+            order_id=order_id,
+            by=by,
+            by_kind=by_kind,
+            reply_to=self._reply_to(),
+            **fields,
+        )
+        await self._send(command)
+
+    async def status(self, saga_id: str, *, order_id: str) -> dict[str, Any]:
+        """The saga's register as it stands (``CommandRejected`` if there is no such saga)."""
+        reply = await self._send(
+            QuerySaga(saga_id=saga_id, order_id=order_id, reply_to=self._reply_to())
+        )
+        assert reply.saga_register is not None
+        return reply.saga_register
+
+    async def wait(self, saga_id: str, seconds: float, *, stops: bool = False) -> SagaEvent:
+        """The saga's next outcome: completed, compensated, needs_human or resolved; with
+        ``stops``, also a stop at an approval gate (``saga.awaiting_approval``)."""
+        wanted = (*TERMINAL_EVENTS, *PAUSE_EVENTS) if stops else TERMINAL_EVENTS
+        async with asyncio.timeout(seconds):
+            while True:
+                seen = self._outcomes.get(saga_id, [])
+                while seen:
+                    event = seen.pop(0)
+                    if event.type in wanted:
+                        return event
+                arrived: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._waiters.setdefault(saga_id, []).append(arrived)
+                try:
+                    await arrived
+                finally:
+                    waiters = self._waiters.get(saga_id, [])
+                    if arrived in waiters:
+                        waiters.remove(arrived)
 
     def forget(self, saga_id: str) -> None:
-        """Drop an outcome seen before (call before ``resume`` when waiting for the next one)."""
+        """Drop the outcomes seen so far (call before a decision when waiting for the next)."""
         self._outcomes.pop(saga_id, None)
 
     # --- internals ------------------------------------------------------------------------------
@@ -145,7 +200,7 @@ class SagaClient:
             raise RuntimeError("SagaClient is not open")
         return self._reply_queue.name
 
-    async def _send(self, command: AnyCommand) -> CommandReply:
+    async def _send(self, command: AnyCommand | QuerySaga) -> CommandReply:
         future: asyncio.Future[CommandReply] = asyncio.get_running_loop().create_future()
         self._pending[command.message_id] = future
         try:
@@ -170,12 +225,10 @@ class SagaClient:
         event = self._decode(message, _EVENT)
         if event is None:
             return
-        waiters = self._waiters.pop(event.saga_id, [])
-        live = [w for w in waiters if not w.done()]
-        for waiter in live:
-            waiter.set_result(event)
-        if not live:
-            self._outcomes[event.saga_id] = event
+        self._outcomes.setdefault(event.saga_id, []).append(event)
+        for waiter in self._waiters.pop(event.saga_id, []):
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _decode(self, message: AbstractIncomingMessage, adapter: TypeAdapter[Any]) -> Any:
         try:

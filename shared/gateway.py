@@ -6,7 +6,7 @@ refusal names the rule (a stable identifier), the step and what is wrong.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -14,7 +14,7 @@ from pydantic import BeforeValidator, ConfigDict, ValidationError, create_model
 
 from shared.catalog import ActionClass, ActionSpec, Catalog, answer_within_s
 from shared.errors import CatalogError, PlanRejected
-from shared.messages import Plan, StartSaga
+from shared.messages import Gate, Plan, StartSaga
 from shared.topology import SERVICES
 
 
@@ -50,6 +50,7 @@ class AdmittedStep:
     params: dict[str, Any]
     forward: Deadlines
     compensation: Deadlines
+    gate: Gate | None = None
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,14 @@ def check_action(catalog: Catalog, name: str, spec: ActionSpec) -> None:
         raise PlanRejected("residue_missing", f"{name} leaves a residue but does not state it")
 
 
-def check_plan(catalog: Catalog, steps: Sequence[str], priority: Sequence[str] = ()) -> None:
-    """Rules about an ordered plan. Raises ``PlanRejected`` at the first broken rule."""
+def check_plan(
+    catalog: Catalog,
+    steps: Sequence[str],
+    priority: Sequence[str] = (),
+    gated: Collection[str] = (),
+) -> None:
+    """Rules about an ordered plan. Raises ``PlanRejected`` at the first broken rule.
+    ``gated``: the actions with an approval gate directly before them."""
     seen: set[str] = set()
     undoers: dict[str, str] = {}
     last_compensable: int | None = None
@@ -121,13 +128,18 @@ def check_plan(catalog: Catalog, steps: Sequence[str], priority: Sequence[str] =
             spec.action_class is ActionClass.IRREVERSIBLE
             and last_compensable is not None
             and index < last_compensable
+            and name not in gated
         ):
             raise PlanRejected(
                 "irreversible_not_last",
                 f"irreversible {name} runs before compensable {steps[last_compensable]} "
-                f"(step {last_compensable}); irreversible actions go last",
+                f"(step {last_compensable}); irreversible actions go last, or behind an "
+                "approval gate",
                 step=index,
             )
+    for name in gated:
+        if name not in seen:
+            raise PlanRejected("gate_unknown", f"a gate stands before {name!r}, not in the plan")
     for name in priority:
         if name not in seen:
             raise PlanRejected(
@@ -143,7 +155,9 @@ def check_catalog(catalog: Catalog, *, source: str = "catalog") -> None:
             raise CatalogError(f"{source}: action {name}: {exc.detail} [{exc.rule}]") from None
     for saga, definition in catalog.sagas.items():
         try:
-            check_plan(catalog, definition.steps, definition.compensation_priority)
+            check_plan(
+                catalog, definition.steps, definition.compensation_priority, definition.gates
+            )
         except PlanRejected as exc:
             where = (
                 f"step {exc.step} ({definition.steps[exc.step]})" if exc.step is not None else ""
@@ -192,18 +206,20 @@ def admit(catalog: Catalog, command: StartSaga) -> AdmittedPlan:
             known = ", ".join(sorted(catalog.sagas)) or "none"
             raise PlanRejected("unknown_saga", f"no saga named {command.saga!r} (known: {known})")
         name, steps, priority = command.saga, definition.steps, definition.compensation_priority
+        gates = dict(definition.gates)
     else:
         plan: Plan | None = command.plan
         assert plan is not None  # the message model guarantees exactly one of saga/plan
         name = "adhoc"
         steps = tuple(s.action for s in plan.steps)
         priority = plan.compensation_priority
-    check_plan(catalog, steps, priority)
+        gates = {s.action: s.gate for s in plan.steps if s.gate is not None}
+    check_plan(catalog, steps, priority, gates)
     per_step = validate_params(catalog, steps, command.params)
     return AdmittedPlan(
         saga=name,
         steps=tuple(
-            AdmittedStep(i, a, catalog.actions[a], p, *_deadlines(catalog, a))
+            AdmittedStep(i, a, catalog.actions[a], p, *_deadlines(catalog, a), gates.get(a))
             for i, (a, p) in enumerate(zip(steps, per_step, strict=True))
         ),
         compensation_priority=tuple(priority),

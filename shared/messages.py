@@ -45,9 +45,22 @@ class Envelope(BaseModel):
 # --- commands: agents -> commands exchange -> intake -> partition ------------------------------
 
 
+class Gate(BaseModel):
+    """An approval gate before a step: the saga waits there until approved, rejected or timed
+    out. Required before an irreversible action that is not last."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    timeout_s: float = Field(default=3600.0, gt=0, le=30 * 24 * 3600)
+    # What the gate's timeout means: by default nobody approved, so the saga compensates.
+    on_timeout: Literal["compensate", "approve"] = "compensate"
+    # Approvals and rejections must come from a person (a command whose by_kind is "person").
+    require_person: bool = False
+
+
 class PlanStep(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     action: ActionName
+    gate: Gate | None = None
 
 
 class Plan(BaseModel):
@@ -60,8 +73,10 @@ class Plan(BaseModel):
 
 class _Command(Envelope):
     reply_to: str | None = Field(default=None, max_length=255)
-    # Who asked (a person's or an agent's name), for the register.
+    # Who asked (a person's or an agent's name), for the register, and what they are. The
+    # broker does not authenticate this: deployments that need it give people their own accounts.
     by: str = Field(default="", max_length=200)
+    by_kind: Literal["person", "agent"] = "agent"
     # Set by the intake: the order's command number, in arrival order. The coordinator applies
     # commands of one order strictly in this order and parks any that arrive ahead of a gap.
     seq: int | None = Field(default=None, ge=1)
@@ -97,8 +112,24 @@ class ResolveSaga(_Command):
     note: str = Field(min_length=1, max_length=2000)
 
 
-AnyCommand = StartSaga | AbortSaga | ResumeSaga | ResolveSaga
-Command = Annotated[AnyCommand, Field(discriminator="type")]
+class ApproveSaga(_Command):
+    type: Literal["saga.approve"] = "saga.approve"
+    note: str = Field(default="", max_length=2000)
+
+
+class RejectSaga(_Command):
+    type: Literal["saga.reject"] = "saga.reject"
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class QuerySaga(_Command):
+    """Asks for a saga's register; answered by the intake from the database, changes nothing."""
+
+    type: Literal["saga.status"] = "saga.status"
+
+
+AnyCommand = StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga
+Command = Annotated[AnyCommand | QuerySaga, Field(discriminator="type")]
 
 # --- actions: coordinator -> adapters -> partition ---------------------------------------------
 
@@ -145,13 +176,21 @@ class DeadlineReached(Envelope):
 
     type: Literal["saga.deadline"] = "saga.deadline"
     step: int = Field(ge=0)
-    phase: Phase
+    phase: Literal["forward", "compensation", "gate"]
     idempotency_key: str = Field(min_length=1, max_length=300)
     attempt: int = Field(ge=1)
 
 
 PartitionMessage = Annotated[
-    StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ActionDone | ActionFailed | DeadlineReached,
+    StartSaga
+    | AbortSaga
+    | ResumeSaga
+    | ResolveSaga
+    | ApproveSaga
+    | RejectSaga
+    | ActionDone
+    | ActionFailed
+    | DeadlineReached,
     Field(discriminator="type"),
 ]
 
@@ -165,6 +204,7 @@ class CommandReply(Envelope):
     command_id: str
     command_type: str
     reason: str = ""
+    saga_register: dict[str, Any] | None = None  # the answer to saga.status
 
 
 EventType = Literal[
@@ -183,6 +223,8 @@ EventType = Literal[
     "saga.waiting",
     "saga.resolved",
     "step.resent",
+    "saga.awaiting_approval",
+    "saga.approved",
 ]
 
 
@@ -197,3 +239,6 @@ class SagaEvent(Envelope):
     detail: str = ""
     # The whole register, carried by alerts (``saga.needs_human``) and terminal events.
     saga_register: dict[str, Any] | None = None
+    # At a gate: what is at stake (actions still to run, which cannot be undone, what
+    # compensating now would cost).
+    stakes: dict[str, Any] | None = None

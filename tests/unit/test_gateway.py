@@ -251,7 +251,7 @@ def test_unknown_saga_is_refused_listing_the_known_ones() -> None:
 
     assert info.value.rule == "unknown_saga"
     assert "refnud" in str(info.value)
-    assert "checkout, refund" in str(info.value)
+    assert "checkout, checkout_approved, refund" in str(info.value)
 
 
 def test_admit_runs_the_plan_rules_on_adhoc_plans() -> None:
@@ -336,7 +336,7 @@ def test_bool_and_float_params_are_checked() -> None:
 def test_the_shipped_catalog_passes_every_check() -> None:
     catalog = load_catalog(CATALOG_FILE)
 
-    assert set(catalog.sagas) == {"refund", "checkout"}
+    assert set(catalog.sagas) == {"refund", "checkout", "checkout_approved"}
     assert catalog.actions["payments.charge_card"].residue
     assert catalog.retry_policy("inventory.release_stock").attempts == 5
     assert catalog.retry_policy("no.such").attempts == 3

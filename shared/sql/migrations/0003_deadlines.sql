@@ -4,7 +4,7 @@ CREATE TABLE deadlines (
     saga_id          text PRIMARY KEY,
     order_id         text NOT NULL,
     step             integer NOT NULL,
-    phase            text NOT NULL CHECK (phase IN ('forward', 'compensation')),
+    phase            text NOT NULL CHECK (phase IN ('forward', 'compensation', 'gate')),
     idempotency_key  text NOT NULL,
     attempt          integer NOT NULL,
     due_at           timestamptz NOT NULL
