@@ -30,6 +30,7 @@ from saga_coordinator.cli_support import (
     with_store,
 )
 from saga_coordinator.demo import run_demo
+from saga_coordinator.incident import incident, render_markdown
 from saga_coordinator.register import SagaState
 from saga_coordinator.report import render_register, table
 from saga_coordinator.store import Store
@@ -193,13 +194,19 @@ def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str
 @click.argument("saga_id", required=False)
 @click.option("--order", "order_id", help="Show every saga of this order")
 @click.option("--history", is_flag=True, help="Also list every message handled")
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
+    help="markdown: the incident report, to attach to a ticket",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json")
 @click.pass_context
 def show(ctx: click.Context, saga_id: str | None, order_id: str | None, history: bool,
-         as_json: bool) -> None:  # fmt: skip
-    """The register of a saga (or of every saga of an order), and whether its order is blocked."""
+         fmt: str, as_json: bool) -> None:  # fmt: skip
+    """The register of a saga (or of every saga of an order), its incident report, and whether
+    its order is blocked."""
     if (saga_id is None) == (order_id is None):
         raise click.UsageError("give a SAGA_ID or --order, not both")
+    fmt = "json" if as_json else fmt
 
     async def work(store: Store) -> list[dict[str, Any]]:
         if order_id:
@@ -209,6 +216,7 @@ def show(ctx: click.Context, saga_id: str | None, order_id: str | None, history:
         items = []
         for state in states:
             item = state.register()
+            item["report"] = incident(state)
             item["order_blocked_by"] = await store.blocks(state.order_id)
             item["parked"] = len(await store.parked(state.order_id))
             if history:
@@ -221,16 +229,23 @@ def show(ctx: click.Context, saga_id: str | None, order_id: str | None, history:
         raise click.ClickException(
             f"no saga {saga_id}" if saga_id else f"no saga for order {order_id}"
         )
-    if as_json:
+    if fmt == "json":
         dump(found[0] if saga_id else found)
         return
     for item in found:
-        _echo_item(item, history)
+        if fmt == "markdown":
+            click.echo(render_markdown(_state_of(item)))
+        else:
+            _echo_item(item, history)
+
+
+def _state_of(item: dict[str, Any]) -> SagaState:
+    extras = ("order_blocked_by", "parked", "history", "report")
+    return SagaState.model_validate({k: v for k, v in item.items() if k not in extras})
 
 
 def _echo_item(item: dict[str, Any], history: bool) -> None:
-    register = {k: v for k, v in item.items() if k not in ("order_blocked_by", "parked", "history")}
-    click.echo(render_register(SagaState.model_validate(register)))
+    click.echo(render_register(_state_of(item)))
     for block in item["order_blocked_by"]:
         click.echo(
             f"order BLOCKED by {block['message_id']} ({block['state']}): {block['reason']};"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from saga_coordinator.incident import render_summary
 from saga_coordinator.register import SagaState, Step
 
 
@@ -64,23 +65,7 @@ def render_register(state: SagaState) -> str:
     ]
     if errors:
         parts.append("errors:\n" + "\n".join(errors))
-    residues = [
-        f"  step {s.index} {s.action}: {s.residue}"
-        for s in state.steps
-        if s.residue and s.status in ("compensated", "compensation_failed")
-    ] + [
-        f"  step {s.index} {s.action}: irreversible and already done; it cannot be undone"
-        for s in state.steps
-        if s.compensation_status == "impossible"
-    ]
-    if residues:
-        parts.append("residue:\n" + "\n".join(residues))
-    never = [f"  step {s.index} {s.action}" for s in state.steps if s.status == "skipped"]
-    if never:
-        parts.append("never happened:\n" + "\n".join(never))
-    if state.decisions:
-        parts.append(
-            "decisions:\n"
-            + "\n".join(f"  {d.at:%Y-%m-%d %H:%M:%S} {d.kind}: {d.note}" for d in state.decisions)
-        )
+    summary = render_summary(state)
+    if summary:
+        parts.append(summary)
     return "\n".join(parts)

@@ -141,6 +141,7 @@ def test_needs_human_shows_why_and_the_failed_compensation() -> None:
     row = row_of(text, "inventory.reserve_stock")
     assert (row[3], row[-1]) == ("compensation_failed", "failed")
     assert section(text, "never happened") == [
+        "step 1 payments.charge_card (failed, nothing changed: card declined)",
         "step 2 erp.validate_address",
         "step 3 email.send_confirmation",
     ]
