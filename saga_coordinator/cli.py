@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from saga_coordinator.app import COMPONENTS, Stack
+from saga_coordinator.cli_contract import schema, watch
 from saga_coordinator.cli_decide import (
     abort,
     approve,
@@ -317,6 +318,8 @@ def demo(ctx: click.Context, wait_s: float) -> None:
 for command in (abort, approve, reject, resume, resolve):
     main.add_command(command)
 main.add_command(dlq)
+main.add_command(schema)
+main.add_command(watch)
 main.add_command(faults)
 main.add_command(effects)
 

@@ -1,0 +1,83 @@
+"""``saga schema export`` and ``saga watch``: the contract, and the events as they happen."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from pathlib import Path
+
+import click
+from aio_pika.abc import AbstractIncomingMessage, ExchangeType
+from pydantic import TypeAdapter
+
+from saga_coordinator.cli_support import run_async, settings_of
+from shared.bus import Bus
+from shared.codec import decode
+from shared.config import Settings
+from shared.contract import export
+from shared.errors import InvalidMessage
+from shared.messages import SagaEvent
+
+_EVENT: TypeAdapter[SagaEvent] = TypeAdapter(SagaEvent)
+
+
+@click.group()
+def schema() -> None:
+    """The published message contract."""
+
+
+@schema.command("export")
+@click.option("--out", "out_dir", default="schemas", show_default=True, type=click.Path(),
+              envvar="SAGA_SCHEMA_DIR", help="Where to write [SAGA_SCHEMA_DIR]")  # fmt: skip
+def schema_export(out_dir: str) -> None:
+    """Write JSON Schema for every command and event, and an AsyncAPI document."""
+    for path in export(Path(out_dir)):
+        click.echo(f"wrote {path}")
+
+
+@click.command()
+@click.option("--order", "order_id", help="Only this order's events")
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line")
+@click.pass_context
+def watch(ctx: click.Context, order_id: str | None, as_json: bool) -> None:
+    """Stream lifecycle events live until Ctrl-C."""
+    run_async(_watch(settings_of(ctx), order_id, as_json))
+
+
+async def _watch(settings: Settings, order_id: str | None, as_json: bool) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with Bus(settings) as bus:
+        channel = await bus.connection.channel()
+        exchange = await channel.declare_exchange(
+            bus.topology.events_exchange, ExchangeType.TOPIC, durable=True
+        )
+        queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+        await queue.bind(exchange, routing_key="#")
+
+        async def show(message: AbstractIncomingMessage) -> None:
+            try:
+                event = decode(message.body, _EVENT, max_bytes=settings.max_message_bytes)
+            except InvalidMessage as exc:
+                click.echo(f"(undecodable event: {exc.reason})", err=True)
+                return
+            if order_id is None or event.order_id == order_id:
+                click.echo(_line(event, as_json))
+
+        await queue.consume(show, no_ack=True)
+        click.echo(f"watching {bus.topology.events_exchange} (Ctrl-C to stop)", err=True)
+        await stop.wait()
+
+
+def _line(event: SagaEvent, as_json: bool) -> str:
+    if as_json:
+        return json.dumps(event.model_dump(mode="json", exclude_none=True))
+    where = f" step {event.step} {event.action}" if event.action else ""
+    detail = f"  {event.detail}" if event.detail else ""
+    return (
+        f"{event.timestamp:%H:%M:%S.%f}"[:-3]
+        + f"  {event.type:<24} {event.order_id}  {event.saga_id}{where}  [{event.status}]{detail}"
+    )

@@ -1,0 +1,131 @@
+"""The published contract: JSON Schema for every message and an AsyncAPI document describing
+the exchanges, routing keys and messages, generated from the pydantic models (the single source
+of truth). ``saga schema export`` writes them; a test fails when the committed copy is stale."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from shared.messages import (
+    AbortSaga,
+    ActionDone,
+    ActionFailed,
+    ActionRequest,
+    ApproveSaga,
+    CommandReply,
+    QuerySaga,
+    RejectSaga,
+    ResolveSaga,
+    ResumeSaga,
+    SagaEvent,
+    StartSaga,
+)
+from shared.topology import SERVICES, Topology
+
+COMMANDS: dict[str, type[BaseModel]] = {
+    "saga.start": StartSaga,
+    "saga.abort": AbortSaga,
+    "saga.resume": ResumeSaga,
+    "saga.resolve": ResolveSaga,
+    "saga.approve": ApproveSaga,
+    "saga.reject": RejectSaga,
+    "saga.status": QuerySaga,
+}
+ADAPTER: dict[str, type[BaseModel]] = {
+    "action.request": ActionRequest,
+    "action.done": ActionDone,
+    "action.failed": ActionFailed,
+}
+OUT: dict[str, type[BaseModel]] = {"command.reply": CommandReply, "saga.event": SagaEvent}
+MESSAGES: dict[str, type[BaseModel]] = {**COMMANDS, **ADAPTER, **OUT}
+
+
+def _schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
+    # What others send us is described as we validate it; what we send, as we serialize it.
+    mode = "serialization" if name in OUT or name == "action.request" else "validation"
+    return model.model_json_schema(mode=mode)
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """One JSON Schema per message, keyed by its file name."""
+    return {f"{name}.json": _schema(name, model) for name, model in MESSAGES.items()}
+
+
+def _message(name: str, summary: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "contentType": "application/json",
+        "summary": summary,
+        "payload": {"$ref": f"#/components/schemas/{name}"},
+    }
+
+
+def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
+    t = Topology(namespace, partitions, delivery_limit=5)
+    bindings = {"amqp": {"is": "routingKey", "exchange": {"type": "topic", "durable": True}}}
+    schemas = {name: _schema(name, model) for name, model in MESSAGES.items()}
+    return {
+        "asyncapi": "2.6.0",
+        "info": {
+            "title": "Reversible sagas",
+            "version": "1",
+            "description": (
+                "Agents publish commands; the coordinator answers on reply_to and publishes "
+                "lifecycle events; adapters consume action requests and answer with outcomes."
+            ),
+        },
+        "channels": {
+            **{
+                f"{t.commands_exchange}/{key}": {
+                    "description": f"Agents publish {key} here (topic exchange, key {key}).",
+                    "publish": {"message": _message(key, model.__doc__ or key)},
+                    "bindings": bindings,
+                }
+                for key, model in COMMANDS.items()
+            },
+            "reply_to": {
+                "description": "The agent's own queue, named in a command's reply_to.",
+                "subscribe": {"message": _message("command.reply", "accepted, rejected or parked")},
+            },
+            f"{t.events_exchange}/#": {
+                "description": "Lifecycle events; the routing key is the event type.",
+                "subscribe": {"message": _message("saga.event", "A saga's lifecycle change")},
+                "bindings": bindings,
+            },
+            **{
+                f"{t.actions_exchange}/{service}": {
+                    "description": f"Action requests for the {service} adapter (direct exchange).",
+                    "subscribe": {"message": _message("action.request", "Perform one action")},
+                }
+                for service in SERVICES
+            },
+            f"{t.partitions_exchange}/{{crc32(order_id) % partitions}}": {
+                "description": "Adapters answer into the order's partition (direct exchange).",
+                "publish": {
+                    "message": {
+                        "oneOf": [
+                            _message("action.done", "The action succeeded"),
+                            _message("action.failed", "The action failed"),
+                        ]
+                    }
+                },
+            },
+        },
+        "components": {"schemas": schemas},
+    }
+
+
+def export(directory: Path) -> list[Path]:
+    """Write every schema and the AsyncAPI document; return the files written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    documents = {**json_schemas(), "asyncapi.json": asyncapi()}
+    written = []
+    for name, document in sorted(documents.items()):
+        path = directory / name
+        path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        written.append(path)
+    return written
