@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -46,7 +46,9 @@ MESSAGES: dict[str, type[BaseModel]] = {**COMMANDS, **ADAPTER, **OUT}
 
 def _schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
     # What others send us is described as we validate it; what we send, as we serialize it.
-    mode = "serialization" if name in OUT or name == "action.request" else "validation"
+    mode: Literal["validation", "serialization"] = (
+        "serialization" if name in OUT or name == "action.request" else "validation"
+    )
     return model.model_json_schema(mode=mode)
 
 
