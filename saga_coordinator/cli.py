@@ -259,7 +259,7 @@ def _echo_item(item: dict[str, Any], history: bool) -> None:
     click.echo()
 
 
-STATUSES = ("waiting", "running", "compensating", "completed", "compensated", "needs_human",
+STATUSES = ("waiting", "running", "awaiting_approval", "compensating", "completed", "compensated", "needs_human",
             "resolved", "blocked")  # fmt: skip
 
 
