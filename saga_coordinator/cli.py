@@ -259,8 +259,8 @@ def _echo_item(item: dict[str, Any], history: bool) -> None:
     click.echo()
 
 
-STATUSES = ("waiting", "running", "awaiting_approval", "compensating", "completed", "compensated", "needs_human",
-            "resolved", "blocked")  # fmt: skip
+STATUSES = ("waiting", "running", "awaiting_approval", "compensating", "completed",
+            "compensated", "needs_human", "resolved", "blocked")  # fmt: skip
 
 
 @main.command("list")
