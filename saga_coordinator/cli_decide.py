@@ -58,90 +58,50 @@ def _decide(
     print_outcome(saga_id, run_async(work()), as_json)
 
 
-wait_option = click.option(
-    "--wait", "wait_s", type=float, help="Wait this many seconds for the next stop"
-)
-json_option = click.option("--json", "as_json", is_flag=True)
+# client method, its text field, whether the text is required, and the command's help
+DECISIONS: dict[str, tuple[str, bool, str]] = {
+    "abort": ("reason", True, "Stop a saga: a step in flight finishes, then everything that may "
+              "have landed is undone."),
+    "approve": ("note", False, "Let a saga waiting at an approval gate go on."),
+    "reject": ("reason", True, "Refuse at an approval gate: the saga compensates what landed."),
+    "resume": ("note", False, "Continue compensating a saga in needs_human, skipping what is "
+               "already undone."),
+    "resolve": ("note", True, "A person takes over a saga in needs_human: it ends as resolved "
+                "and its order is freed."),
+}  # fmt: skip
 
 
-@click.command()
-@click.argument("saga_id")
-@click.option("--reason", required=True, help="Why, for the register")
-@actor_option
-@wait_option
-@json_option
-@click.pass_context
-def abort(ctx: click.Context, saga_id: str, reason: str, actor: str, wait_s: float | None,
-          as_json: bool) -> None:  # fmt: skip
-    """Stop a saga: a step in flight finishes, then everything that may have landed is undone."""
+def decision_command(name: str) -> click.Command:
+    """One CLI command per decision; each sends the decision as a person's."""
+    field, required, help_text = DECISIONS[name]
 
-    async def send(client: SagaClient, order: str) -> None:
-        await client.abort(saga_id, order_id=order, reason=reason, by=actor, person=True)
+    @click.pass_context
+    def command(ctx: click.Context, saga_id: str, text: str, actor: str,
+                wait_s: float | None, as_json: bool) -> None:  # fmt: skip
+        async def send(client: SagaClient, order: str) -> None:
+            decide = getattr(client, name)
+            await decide(saga_id, order_id=order, by=actor, person=True, **{field: text})
 
-    _decide(ctx, saga_id, send, wait_s, as_json)
+        _decide(ctx, saga_id, send, wait_s, as_json)
 
-
-@click.command()
-@click.argument("saga_id")
-@click.option("--note", default="", help="Why, for the register")
-@actor_option
-@wait_option
-@json_option
-@click.pass_context
-def approve(ctx: click.Context, saga_id: str, note: str, actor: str, wait_s: float | None,
-            as_json: bool) -> None:  # fmt: skip
-    """Let a saga waiting at an approval gate go on."""
-
-    async def send(client: SagaClient, order: str) -> None:
-        await client.approve(saga_id, order_id=order, note=note, by=actor, person=True)
-
-    _decide(ctx, saga_id, send, wait_s, as_json)
-
-
-@click.command()
-@click.argument("saga_id")
-@click.option("--reason", required=True, help="Why, for the register")
-@actor_option
-@wait_option
-@json_option
-@click.pass_context
-def reject(ctx: click.Context, saga_id: str, reason: str, actor: str, wait_s: float | None,
-           as_json: bool) -> None:  # fmt: skip
-    """Refuse at an approval gate: the saga compensates what has landed."""
-
-    async def send(client: SagaClient, order: str) -> None:
-        await client.reject(saga_id, order_id=order, reason=reason, by=actor, person=True)
-
-    _decide(ctx, saga_id, send, wait_s, as_json)
+    command.__doc__ = help_text
+    for option in (
+        click.option("--json", "as_json", is_flag=True),
+        click.option(
+            "--wait", "wait_s", type=float, help="Wait this many seconds for the next stop"
+        ),
+        actor_option,
+        click.option(
+            f"--{field}",
+            "text",
+            required=required,
+            default=None if required else "",
+            help="Why, for the register",
+        ),
+        click.argument("saga_id"),
+    ):
+        command = option(command)
+    return click.command(name)(command)
 
 
-@click.command()
-@click.argument("saga_id")
-@click.option("--note", default="", help="Why, for the register")
-@actor_option
-@wait_option
-@json_option
-@click.pass_context
-def resume(ctx: click.Context, saga_id: str, note: str, actor: str, wait_s: float | None,
-           as_json: bool) -> None:  # fmt: skip
-    """Continue compensating a saga in needs_human, skipping what is already undone."""
-
-    async def send(client: SagaClient, order: str) -> None:
-        await client.resume(saga_id, order_id=order, note=note, by=actor, person=True)
-
-    _decide(ctx, saga_id, send, wait_s, as_json)
-
-
-@click.command()
-@click.argument("saga_id")
-@click.option("--note", required=True, help="What was decided, for the register")
-@actor_option
-@json_option
-@click.pass_context
-def resolve(ctx: click.Context, saga_id: str, note: str, actor: str, as_json: bool) -> None:
-    """A person takes over a saga in needs_human: it ends as resolved and its order is freed."""
-
-    async def send(client: SagaClient, order: str) -> None:
-        await client.resolve(saga_id, order_id=order, note=note, by=actor)
-
-    _decide(ctx, saga_id, send, 30.0, as_json)
+abort, approve, reject, resume, resolve = (decision_command(n) for n in DECISIONS)

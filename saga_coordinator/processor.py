@@ -14,9 +14,10 @@ from pydantic import TypeAdapter
 
 from saga_coordinator import convoy
 from saga_coordinator.convoy import OrderView, Verdict
-from saga_coordinator.machine import Reply, Transition, begin, decide
+from saga_coordinator.machine import begin, decide
 from saga_coordinator.register import HOLDS_ORDER, TERMINAL, SagaState, gate_key
 from saga_coordinator.store import OutboxRow, Tx
+from saga_coordinator.transition import Reply, Transition
 from shared.catalog import Catalog
 from shared.codec import PARTITION
 from shared.messages import ActionRequest, CommandReply, PartitionMessage

@@ -10,8 +10,9 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from saga_coordinator.machine import Reply, Transition, decide
+from saga_coordinator.machine import decide
 from saga_coordinator.register import SagaState, Step
+from saga_coordinator.transition import Reply, Transition
 from shared.catalog import Catalog, load_catalog
 from shared.messages import (
     AbortSaga,

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import pytest
 from pydantic import JsonValue
 
-from saga_coordinator.machine import Transition, begin, decide
+from saga_coordinator.machine import begin, decide
 from saga_coordinator.register import SagaState
+from saga_coordinator.transition import Transition
 from shared.catalog import ActionClass
 from shared.gateway import check_catalog
 from shared.messages import (

@@ -1,0 +1,110 @@
+"""How a saga moves on: the next action, compensation in its order, the end. Pure."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from saga_coordinator.register import SagaState, Step
+from saga_coordinator.transition import Outgoing, event, request
+from shared.catalog import ActionClass
+from shared.messages import EventType
+
+
+def compensation_order(state: SagaState) -> list[Step]:
+    """Steps still to undo: declared priority first, then reverse order of landing."""
+    rank = {action: i for i, action in enumerate(state.compensation_priority)}
+
+    def key(step: Step) -> tuple[int, int]:
+        if step.action in rank:
+            return (0, rank[step.action])
+        return (1, -(step.landed_seq or 0))
+
+    return sorted((s for s in state.steps if s.compensation_status == "pending"), key=key)
+
+
+def compensation_needed(step: Step) -> str:
+    if not step.may_have_landed:
+        return "none"
+    if step.action_class is ActionClass.IRREVERSIBLE:
+        return "impossible"
+    if step.action_class.needs_compensation:
+        return "pending"
+    return "none"
+
+
+def land(state: SagaState, step: Step, now: datetime) -> SagaState:
+    if state.status == "compensating":  # an abort came while this step was in flight
+        step = step.model_copy(update={"compensation_status": compensation_needed(step)})
+    landed = state.landed_count + (1 if step.landed_seq is not None else 0)
+    return state.with_step(step, landed_count=landed, updated_at=now)
+
+
+def begin_compensation(
+    state: SagaState, reason: str, now: datetime, out: list[Outgoing]
+) -> SagaState:
+    steps = []
+    for step in state.steps:
+        if step.status == "pending":
+            step = step.model_copy(update={"status": "skipped"})
+        elif step.status != "running":
+            step = step.model_copy(update={"compensation_status": compensation_needed(step)})
+        steps.append(step)
+    state = state.model_copy(
+        update={
+            "steps": tuple(steps),
+            "status": "compensating",
+            "reason": reason,
+            "updated_at": now,
+        }
+    )
+    out.append(event(state, "saga.compensating", now, detail=reason))
+    return state
+
+
+def advance(state: SagaState, now: datetime, out: list[Outgoing]) -> SagaState:
+    """Issue the next action, or finish. One action is in flight per saga at any time."""
+    if any(s.status == "running" or s.compensation_status == "running" for s in state.steps):
+        return state
+    if state.status == "running":
+        step = next((s for s in state.steps if s.status == "pending"), None)
+        if step is None:
+            return finish(state, "completed", "saga.completed", now, out)
+        if step.gate is not None and step.gate_status != "approved":
+            return stop_at_gate(state, step, now, out)
+        step = step.model_copy(update={"status": "running", "started_at": now, "sends": 1})
+        state = state.with_step(step, updated_at=now)
+        out.append(request(state, step, "forward", now))
+        out.append(event(state, "step.started", now, step))
+        return state
+    if state.status == "compensating":
+        todo = compensation_order(state)
+        if not todo:
+            return finish(state, "compensated", "saga.compensated", now, out)
+        step = todo[0].model_copy(
+            update={"compensation_status": "running", "compensation_sends": 1}
+        )
+        state = state.with_step(step, updated_at=now)
+        out.append(request(state, step, "compensation", now))
+        out.append(event(state, "step.compensating", now, step))
+    return state
+
+
+def finish(
+    state: SagaState, status: str, kind: EventType, now: datetime, out: list[Outgoing]
+) -> SagaState:
+    state = state.model_copy(update={"status": status, "finished_at": now, "updated_at": now})
+    out.append(event(state, kind, now, register=True))
+    return state
+
+
+def stop_at_gate(state: SagaState, step: Step, now: datetime, out: list[Outgoing]) -> SagaState:
+    step = step.model_copy(update={"gate_status": "waiting"})
+    state = state.with_step(step, status="awaiting_approval", updated_at=now)
+    assert step.gate is not None
+    detail = (
+        f"waiting for approval before {step.action}; on no decision within "
+        f"{step.gate.timeout_s:g}s it will {step.gate.on_timeout}"
+    )
+    stop = event(state, "saga.awaiting_approval", now, step, detail=detail)
+    out.append(stop.model_copy(update={"stakes": state.stakes()}))
+    return state

@@ -1,0 +1,111 @@
+"""What a decision returns: the new register and the messages to send, with their builders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from saga_coordinator.register import SagaState, Step, compensation_key, forward_key
+from shared.messages import (
+    AbortSaga,
+    ActionRequest,
+    ApproveSaga,
+    CommandReply,
+    EventType,
+    RejectSaga,
+    ResolveSaga,
+    ResumeSaga,
+    SagaEvent,
+    StartSaga,
+)
+
+
+@dataclass(frozen=True)
+class Reply:
+    to: str
+    message: CommandReply
+
+
+Outgoing = ActionRequest | SagaEvent | Reply
+
+
+@dataclass(frozen=True)
+class Transition:
+    state: SagaState | None  # the register to store; None when nothing is stored
+    out: tuple[Outgoing, ...] = ()
+    note: str = ""  # what happened, for the saga log (why a message was ignored, say)
+    changed: bool = True
+
+
+def request(state: SagaState, step: Step, phase: str, now: datetime) -> ActionRequest:
+    if phase == "forward":
+        action, key, timeout = step.action, forward_key(state.saga_id, step.action), step.timeout_s
+        params: dict[str, Any] = dict(step.params)
+    else:
+        assert step.compensation is not None
+        action, key = step.compensation, compensation_key(state.saga_id, step)
+        timeout = step.compensation_timeout_s
+        # The identifiers come from the adapter's result, never reconstructed; when the effect
+        # is unknown there is no result, and the forward key lets the system find what landed.
+        known = step.result or {}
+        params = {f: known[f] for f in step.result_fields if known.get(f) not in (None, "")}
+        params["forward_key"] = forward_key(state.saga_id, step.action)
+    return ActionRequest(
+        saga_id=state.saga_id,
+        order_id=state.order_id,
+        timestamp=now,
+        action=action,
+        phase="forward" if phase == "forward" else "compensation",
+        step=step.index,
+        idempotency_key=key,
+        params=params,
+        timeout_s=timeout,
+        attempt=step.sends if phase == "forward" else step.compensation_sends,
+    )
+
+
+def event(
+    state: SagaState,
+    kind: EventType,
+    now: datetime,
+    step: Step | None = None,
+    *,
+    detail: str = "",
+    register: bool = False,
+) -> SagaEvent:
+    return SagaEvent(
+        type=kind,
+        saga_id=state.saga_id,
+        order_id=state.order_id,
+        timestamp=now,
+        saga=state.saga,
+        status=state.status,
+        step=None if step is None else step.index,
+        action=None if step is None else step.action,
+        detail=detail,
+        saga_register=state.register() if register else None,
+    )
+
+
+def reply(
+    command: StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga,
+    now: datetime,
+    refusal: str | None = None,
+) -> tuple[Reply, ...]:
+    if command.reply_to is None:
+        return ()
+    message = CommandReply(
+        type="command.accepted" if refusal is None else "command.rejected",
+        saga_id=command.saga_id,
+        order_id=command.order_id,
+        timestamp=now,
+        command_id=command.message_id,
+        command_type=command.type,
+        reason=refusal or "",
+    )
+    return (Reply(command.reply_to, message),)
+
+
+def ignored(state: SagaState, note: str) -> Transition:
+    return Transition(state, (), note=note, changed=False)
