@@ -4,11 +4,14 @@ variable (shown in ``--help``); ``--json`` wherever a script may read the output
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
 from typing import Any
 
+import aiormq
+import asyncpg
 import click
 
 from saga_coordinator.app import COMPONENTS, Stack
@@ -78,12 +81,14 @@ def run(ctx: click.Context, components: tuple[str, ...], demo: bool) -> None:
 
 
 async def _serve(settings: Settings, components: tuple[str, ...], demo: bool) -> None:
-    await run_migrations(settings.database_url)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Stack(settings, components) as stack:
+    stack = await _start_when_ready(settings, components, stop)
+    if stack is None:
+        return
+    try:
         click.echo(f"running {', '.join(stack.components)}; Ctrl-C to stop", err=True)
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(stack.wait())]
         if demo:
@@ -94,7 +99,31 @@ async def _serve(settings: Settings, components: tuple[str, ...], demo: bool) ->
             task.cancel()
         for task in done:
             task.result()
+    finally:
+        await stack.stop()
     click.echo("stopped", err=True)
+
+
+async def _start_when_ready(
+    settings: Settings, components: tuple[str, ...], stop: asyncio.Event
+) -> Stack | None:
+    """A process started while RabbitMQ or Postgres is down (or still recovering) waits for
+    them instead of exiting; a restart loop of its supervisor is then never needed."""
+    backoff = 0.5
+    while not stop.is_set():
+        stack = Stack(settings, components)
+        try:
+            await run_migrations(settings.database_url)
+            await stack.start()
+            return stack
+        except (OSError, ConnectionError, asyncpg.PostgresError, aiormq.exceptions.AMQPError,
+                asyncpg.InterfaceError) as exc:  # fmt: skip
+            click.echo(f"waiting for the broker and the database: {exc!r}", err=True)
+            await stack.stop()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), backoff)
+        backoff = min(backoff * 2, 5.0)
+    return None
 
 
 @main.command()

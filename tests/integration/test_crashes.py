@@ -213,3 +213,16 @@ async def test_sigterm_finishes_the_message_in_hand(
 
     assert state.status == "completed"
     assert state.steps[1].attempts == 3
+
+
+async def test_a_process_started_while_the_broker_is_down_waits_for_it(
+    settings: Settings, procs: Processes
+) -> None:
+    procs.settings = settings.with_(amqp_url="amqp://guest:guest@127.0.0.1:9/")  # nobody there
+    proc = await procs.start("inventory")
+    await asyncio.sleep(3)
+    assert proc.returncode is None  # still waiting, not crashed into a restart loop
+    proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proc.wait(), 20) == 0
+    log = next(procs.logs.glob("inventory-*.log")).read_text()
+    assert "waiting for the broker and the database" in log
