@@ -90,7 +90,11 @@ class Intake:
         await self.bus.consume(
             queue,
             self.handle,
-            prefetch=self.settings.partition_prefetch,
+            # One command in hand at a time: a command that fails goes back to the head of the
+            # queue and is numbered before the ones behind it, so the order's commands keep the
+            # order they arrived in. (Blocking the order instead would deadlock with the
+            # numbering: the blocked command could wait for a number given to a later one.)
+            prefetch=1,
             mode="sequential",
-            on_failure=failure_recorder(self.store.pool, queue, block_order=True),
+            on_failure=failure_recorder(self.store.pool, queue, block_order=False),
         )

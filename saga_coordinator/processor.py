@@ -71,19 +71,23 @@ class Processor:
             return "duplicate absorbed"
         order = await tx.lock_order(message.order_id)
         seq = convoy.command_seq(message)
-        admission = convoy.admit(order, message.message_id, seq)
-        if admission.verdict is Verdict.PARK:
-            await tx.park(message, seq, admission.reason)
-            await tx.outbox(route(self.topology, parked_reply(message, admission.reason, now)))
-            await tx.log(message, message.saga_id, f"parked: {admission.reason}", None)
-            return f"parked: {admission.reason}"
-        if admission.verdict is Verdict.STALE:
-            await tx.log(message, message.saga_id, f"stale: {admission.reason}", None)
-            return f"stale: {admission.reason}"
-        if admission.unblocks:
+        if any(b.message_id == message.message_id for b in order.blocks):
+            # The message its order waited for has arrived: the block goes whatever happens
+            # next. Were it kept while the message itself waits for a missing command number,
+            # the two would wait for each other for ever.
             await tx.unblock(order.order_id, message.message_id)
             order = convoy.without_block(order, message.message_id)
-        order, note = await self._apply(tx, order, message, now)
+        admission = convoy.admit(order, message.message_id, seq)
+        if admission.verdict is Verdict.APPLY:
+            order, note = await self._apply(tx, order, message, now)
+        elif admission.verdict is Verdict.PARK:
+            await tx.park(message, seq, admission.reason)
+            await tx.outbox(route(self.topology, parked_reply(message, admission.reason, now)))
+            note = f"parked: {admission.reason}"
+            await tx.log(message, message.saga_id, note, None)
+        else:
+            note = f"stale: {admission.reason}"
+            await tx.log(message, message.saga_id, note, None)
         order = await self.drain(tx, order, now)
         await tx.save_order(order)
         return note

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import aiormq
 from pydantic import JsonValue
 
 from saga_coordinator.app import Stack
@@ -94,3 +95,16 @@ def saga_env(settings: Settings) -> dict[str, str]:
         "SAGA_PARTITIONS": str(settings.partitions),
         "SAGA_LOG_LEVEL": "WARNING",
     }
+
+
+async def consumers_of(bus: Bus, queue_name: str) -> int:
+    """How many consumers a queue has now (0 when it does not exist)."""
+    probe = await bus.connection.channel()
+    try:
+        queue = await probe.declare_queue(queue_name, passive=True)
+        return queue.declaration_result.consumer_count or 0
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        return 0  # the failed probe closed its channel
+    finally:
+        if not probe.is_closed:
+            await probe.close()

@@ -19,7 +19,13 @@ from saga_coordinator.app import Stack
 from shared.bus import Bus
 from shared.config import Settings
 from shared.crashpoints import CRASH_EXIT
-from tests.integration.helpers import eventually, publish_start, saga_env, terminal
+from tests.integration.helpers import (
+    consumers_of,
+    eventually,
+    publish_start,
+    saga_env,
+    terminal,
+)
 
 
 class Processes:
@@ -201,15 +207,17 @@ async def test_sigterm_finishes_the_message_in_hand(
         Bus(slow) as bus,
     ):
         erp = await procs.start("erp")
-        await asyncio.sleep(2)
+        queue = bus.topology.action_queue("erp")
+        await eventually(lambda: consumers_of(bus, queue), lambda n: n >= 1, seconds=60)
         saga_id = await publish_start(bus, order_id)
         await eventually(
             lambda: pool.fetchval("SELECT remaining FROM sim_faults WHERE order_id = $1", order_id),
             lambda left: left == 1,  # the first of the slow calls has happened
+            seconds=60,
         )
         erp.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(erp.wait(), 30) == 0
-        state = await terminal(stack, saga_id)
+        assert await asyncio.wait_for(erp.wait(), 60) == 0
+        state = await terminal(stack, saga_id, seconds=60)
 
     assert state.status == "completed"
     assert state.steps[1].attempts == 3

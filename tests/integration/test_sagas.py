@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import aiormq
 import asyncpg
 import pytest
 from pydantic import JsonValue
@@ -13,7 +12,7 @@ from services.effects import effects_for_order
 from services.faults import add_fault, clear_faults
 from shared.client import CommandRejected, SagaClient
 from shared.messages import Plan, PlanStep
-from tests.integration.helpers import eventually
+from tests.integration.helpers import consumers_of, eventually
 
 REFUND: dict[str, JsonValue] = {
     "sku": "SKU-1",
@@ -239,17 +238,6 @@ async def test_a_consumer_the_broker_cancelled_subscribes_again(
     await channel.queue_delete(name)
     await channel.close()
 
-    async def consumers() -> int:
-        probe = await stack.bus.connection.channel()
-        try:
-            queue = await probe.declare_queue(name, passive=True)
-            return queue.declaration_result.consumer_count or 0
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return 0  # not re-declared yet (the failed probe closed its channel)
-        finally:
-            if not probe.is_closed:
-                await probe.close()
-
-    await eventually(consumers, lambda n: n >= 1, seconds=20)
+    await eventually(lambda: consumers_of(stack.bus, name), lambda n: n >= 1, seconds=20)
     state = await run_saga(client, stack, "refund", order_id, REFUND)
     assert state.status == "completed"

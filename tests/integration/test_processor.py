@@ -1,0 +1,50 @@
+"""The convoy rules inside one transaction, against the real database (no broker needed)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import asyncpg
+
+from saga_coordinator.processor import Processor
+from saga_coordinator.store import Store, Tx
+from shared.catalog import load_catalog
+from shared.config import Settings
+from shared.messages import PartitionMessage, StartSaga
+from shared.topology import Topology
+from tests.integration.helpers import REFUND
+
+
+def start(order_id: str, saga_id: str, seq: int) -> StartSaga:
+    return StartSaga(
+        message_id=f"m-{saga_id}", saga_id=saga_id, order_id=order_id, saga="refund",
+        params=REFUND, seq=seq,
+    )  # fmt: skip
+
+
+async def test_the_message_an_order_waits_for_unblocks_it_even_when_it_arrives_out_of_turn(
+    settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    """A command dead-lettered before the intake numbered it is replayed and numbered after the
+    commands that overtook it. It must lift its block on arrival and wait for its turn; were the
+    block kept, the command and the ones it blocks would wait for each other for ever."""
+    store = Store(pool)
+    processor = Processor(load_catalog(settings.catalog_file), Topology.from_settings(settings))
+    now = datetime.now(UTC)
+
+    async def handle(message: PartitionMessage) -> str:
+        return await store.run(lambda tx: processor.handle(tx, message, now))
+
+    async def block(tx: Tx) -> None:  # what the dead-letter ingester records
+        await tx.block(order_id, f"m-{order_id}-late", "dead", "dead-lettered (rejected)")
+
+    await store.run(block)
+    assert (await handle(start(order_id, f"{order_id}-a", 1))).startswith("parked: order blocked")
+
+    note = await handle(start(order_id, f"{order_id}-late", 2))  # the replay, numbered 2
+
+    assert note == "parked: command 2 waits for command 1"
+    states = {s.saga_id: s.status for s in await store.by_order(order_id)}
+    assert states == {f"{order_id}-a": "running", f"{order_id}-late": "waiting"}
+    assert await store.blocks(order_id) == []
+    assert await store.parked(order_id) == []
