@@ -93,6 +93,9 @@ def saga_env(settings: Settings) -> dict[str, str]:
         "SAGA_DATABASE_URL": settings.database_url,
         "SAGA_NAMESPACE": settings.namespace,
         "SAGA_PARTITIONS": str(settings.partitions),
+        "SAGA_DELIVERY_LIMIT": str(settings.delivery_limit),
+        "SAGA_CATALOG_PATH": str(settings.catalog_file),
+        "SAGA_WATCHDOG_S": str(settings.watchdog_s),
         "SAGA_LOG_LEVEL": "WARNING",
     }
 
