@@ -16,7 +16,7 @@ from saga_coordinator import convoy
 from saga_coordinator.convoy import OrderView, Verdict
 from saga_coordinator.machine import begin, decide
 from saga_coordinator.register import HOLDS_ORDER, TERMINAL, SagaState, gate_key
-from saga_coordinator.store import OutboxRow, Tx
+from saga_coordinator.store import OutboxRow, Q, Tx
 from saga_coordinator.transition import Reply, Transition
 from shared.catalog import Catalog
 from shared.codec import PARTITION
@@ -183,4 +183,6 @@ class Processor:
             return convoy.with_active(order, None)
         started = begin(waiting, now)
         await self._store(tx, False, started, now)
+        # The sagas still waiting now wait for this one: their registers say so.
+        await tx.conn.execute(Q.waiting_for_update, order.order_id, waiting.saga_id)
         return convoy.with_active(order, waiting.saga_id)

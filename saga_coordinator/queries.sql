@@ -136,3 +136,7 @@ DELETE FROM deadlines WHERE saga_id = $1;
 -- name: deadlines_due
 SELECT saga_id, order_id, step, phase, idempotency_key, attempt FROM deadlines
 WHERE due_at <= now() ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED;
+
+-- name: waiting_for_update
+UPDATE sagas SET state = jsonb_set(state, '{waiting_for}', to_jsonb($2::text))
+WHERE order_id = $1 AND status = 'waiting';

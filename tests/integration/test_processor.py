@@ -10,7 +10,7 @@ from saga_coordinator.processor import Processor
 from saga_coordinator.store import Store, Tx
 from shared.catalog import load_catalog
 from shared.config import Settings
-from shared.messages import PartitionMessage, StartSaga
+from shared.messages import ActionFailed, PartitionMessage, StartSaga
 from shared.topology import Topology
 from tests.integration.helpers import REFUND
 
@@ -48,3 +48,32 @@ async def test_the_message_an_order_waits_for_unblocks_it_even_when_it_arrives_o
     assert states == {f"{order_id}-a": "running", f"{order_id}-late": "waiting"}
     assert await store.blocks(order_id) == []
     assert await store.parked(order_id) == []
+
+
+async def test_waiting_sagas_always_name_the_saga_that_holds_their_order(
+    settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    store = Store(pool)
+    processor = Processor(load_catalog(settings.catalog_file), Topology.from_settings(settings))
+    now = datetime.now(UTC)
+
+    async def handle(message: PartitionMessage) -> str:
+        return await store.run(lambda tx: processor.handle(tx, message, now))
+
+    a, b, c = (f"{order_id}-{x}" for x in "abc")
+    for seq, saga_id in enumerate((a, b, c), start=1):
+        await handle(start(order_id, saga_id, seq))
+    # a's first step certainly failed: nothing to undo, a ends and b takes the order
+    await handle(
+        ActionFailed(
+            saga_id=a, order_id=order_id, action="inventory.reserve_stock", phase="forward",
+            step=0, idempotency_key=f"{a}:inventory.reserve_stock", reason="no stock",
+            effect_unknown=False,
+        )
+    )  # fmt: skip
+
+    states = {s.saga_id: s for s in await store.by_order(order_id)}
+    assert [states[x].status for x in (a, b, c)] == ["compensated", "running", "waiting"]
+    assert states[c].waiting_for == b
+    [listed] = await store.list_sagas("waiting", order_id)
+    assert listed["waiting_for"] == b

@@ -1,0 +1,1 @@
+"""Chaos tests: disposable RabbitMQ and Postgres, real processes killed at random."""

@@ -1,0 +1,9 @@
+"""``python -m tests.chaos --sagas 10000 [--seed S] [--kill-every SECONDS]``: the big chaos run."""
+
+from __future__ import annotations
+
+import sys
+
+from tests.chaos.harness import main
+
+sys.exit(main())

@@ -1,0 +1,622 @@
+"""The chaos run: the whole system as real processes on a disposable broker and database, a load
+of sagas with injected faults, and random SIGKILLs and restarts of everything while it runs.
+Then every rule of design.md section 4 is checked for every saga (``tests.chaos.checks``).
+
+    result = await run_chaos(ChaosConfig(sagas=1000))      # from a test
+    python -m tests.chaos --sagas 10000 --seed 7            # by hand (see __main__)
+    python -m tests.chaos --reverify RUN_DIR                # the checks again, on a kept run
+
+The run directory (printed) keeps every process log (logs/), the servers' logs (servers/), the
+load and faults injected (load.json), every violation (violations.txt), the summary and a dump
+of the final database (saga.dump), to investigate a failure afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import asyncpg
+
+from shared.bus import Bus
+from shared.catalog import load_catalog
+from shared.config import Settings
+from shared.migrations import migrate
+from tests.chaos.checks import Observed, Verdict, observe, verify
+from tests.chaos.instances import DisposablePostgres, DisposableRabbit
+from tests.chaos.load import (
+    Load,
+    LoadShape,
+    Publisher,
+    PublishStats,
+    inject_faults,
+    plan_load,
+    saga_plans,
+)
+from tests.chaos.processes import ProcessExit, Supervisor
+
+Say = Callable[[str], None]
+Disruption = Callable[["ChaosSystem", Say], Coroutine[Any, Any, None]]
+NAMESPACE = "chaos"
+# A broker crash right after the queues were declared can lose them (RabbitMQ 3.10 keeps the
+# quorum queues' directory in a dets file flushed lazily; seen here): let the topology settle.
+MIN_UPTIME_BEFORE_BROKER_CRASH_S = 10.0
+# Once every saga is final, wait this long before looking: a late duplicate still in flight
+# would land an effect the checks must see.
+QUIET_S = 5.0
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    sagas: int = 1000
+    seed: int | None = None
+    rate: float = 25.0  # sagas published per second: the load lasts sagas / rate seconds
+    kill_every_s: float | None = 3.0  # mean time between SIGKILLs; None: no kills
+    kill_pause_s: float = 2.0  # a killed process is restarted after 0..this many seconds
+    broker_restarts: int = 1
+    db_restarts: int = 1
+    # A restarted server stays down between half this and this many seconds.
+    broker_down_s: float = 3.0
+    db_down_s: float = 3.0
+    chaos_tail_s: float = 10.0  # the chaos goes on this long after the last start is confirmed
+    settle_timeout_s: float = 300.0
+    with_faults: bool = True
+    # Sagas per order, drawn uniformly: orders running 2-3 sagas in a row exercise the convoy.
+    per_order: tuple[int, ...] = LoadShape.per_order
+    workdir: Path | None = None
+    # A scripted outage run beside the load (the outage tests): started with the load.
+    disruption: Disruption | None = None
+
+
+@dataclass
+class ChaosResult:
+    config: ChaosConfig
+    seed: int
+    workdir: Path
+    verdict: Verdict
+    publish: PublishStats
+    kills: Counter[str]
+    broker_restarts: int
+    db_restarts: int
+    process_exits: list[ProcessExit]
+    graceful_stop: dict[str, bool]
+    settled: bool
+    duration_s: float
+    orders: int
+    summary: str = ""
+
+    @property
+    def ok(self) -> bool:
+        confirmed = self.publish.confirmed == self.config.sagas
+        return confirmed and self.settled and self.verdict.ok
+
+    @property
+    def sagas_per_s(self) -> float:
+        return self.config.sagas / self.duration_s if self.duration_s > 0 else 0.0
+
+
+# --- the system under test -----------------------------------------------------------------------
+
+
+class ChaosSystem:
+    """Disposable Postgres and RabbitMQ, migrated and declared, with every component running as
+    its own OS process. Everything is stopped and removed on exit, the logs kept in ``workdir``."""
+
+    def __init__(self, workdir: Path, say: Say = _say, partitions: int = 4) -> None:
+        self.workdir = workdir
+        self.say = say
+        self.partitions = partitions
+        self.pg = DisposablePostgres()
+        self.rabbit = DisposableRabbit()
+        self._pool: asyncpg.Pool | None = None
+        self._supervisor: Supervisor | None = None
+        self.graceful_stop: dict[str, bool] = {}
+        self.broker_up_since = 0.0
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(
+            amqp_url=self.rabbit.url(),
+            database_url=self.pg.url("saga"),
+            namespace=NAMESPACE,
+            partitions=self.partitions,
+        )
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        assert self._pool is not None, "not started"
+        return self._pool
+
+    @property
+    def supervisor(self) -> Supervisor:
+        assert self._supervisor is not None, "not started"
+        return self._supervisor
+
+    def env(self) -> dict[str, str]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("SAGA_")}
+        return {
+            **base,
+            "SAGA_AMQP_URL": self.settings.amqp_url,
+            "SAGA_DATABASE_URL": self.settings.database_url,
+            "SAGA_NAMESPACE": NAMESPACE,
+            "SAGA_PARTITIONS": str(self.partitions),
+            "SAGA_LOG_LEVEL": "WARNING",
+        }
+
+    async def __aenter__(self) -> ChaosSystem:
+        try:
+            await self._start()
+        except BaseException:
+            await self._stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._stop()
+
+    async def _start(self) -> None:
+        started = time.monotonic()
+        await asyncio.gather(self.pg.start(), self.rabbit.start())
+        self.broker_up_since = time.monotonic()
+        await migrate(self.settings.database_url)
+        async with Bus(self.settings) as bus:
+            await bus.declare()  # so the agents can publish before any process is up
+        # min_size 0: an idle pool does not log reconnect failures while the database is down.
+        self._pool = await asyncpg.create_pool(self.settings.database_url, min_size=0, max_size=4)
+        self._supervisor = Supervisor(self.env(), self.workdir / "logs", self.say)
+        await self.supervisor.start_all()
+        self.say(
+            f"system up in {time.monotonic() - started:.1f}s: postgres :{self.pg.port}, "
+            f"rabbitmq {self.rabbit.name} :{self.rabbit.port}, processes "
+            f"{', '.join(self.supervisor.components)}"
+        )
+
+    async def _stop(self) -> None:
+        try:
+            if self._supervisor is not None:
+                self.graceful_stop = await self.supervisor.stop_all()
+            if self._pool is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._pool.close(), 10)
+        finally:
+            self.pg.archive_log(self.workdir / "servers")
+            self.rabbit.archive_log(self.workdir / "servers")
+            await asyncio.gather(self.rabbit.close(), self.pg.close(), return_exceptions=True)
+
+    async def restart_broker(self, *, crash: bool, down_s: float) -> None:
+        settle = MIN_UPTIME_BEFORE_BROKER_CRASH_S - (time.monotonic() - self.broker_up_since)
+        if crash and settle > 0:
+            await asyncio.sleep(settle)
+        await (self.rabbit.crash() if crash else self.rabbit.stop())
+        await asyncio.sleep(down_s)
+        await self.rabbit.start()
+        self.broker_up_since = time.monotonic()
+
+    async def restart_database(self, *, crash: bool, down_s: float) -> None:
+        await (self.pg.crash() if crash else self.pg.stop())
+        await asyncio.sleep(down_s)
+        await self.pg.start()
+
+    async def settle(self, total: int, timeout_s: float, progress: Callable[[str], None]) -> bool:
+        """Wait until every saga is final (or waits behind a needs_human saga, which rule 6
+        says must keep its order) and the outbox is drained; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                row = await self.pool.fetchrow(_SETTLED_SQL)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                progress(f"database not answering ({type(exc).__name__})")
+                await asyncio.sleep(2)
+                continue
+            assert row is not None
+            done = int(row["final"]) + int(row["held"])
+            progress(f"final {done}/{total}, outbox {row['outbox']}, blocked {row['blocked']}")
+            if done >= total and row["outbox"] == 0:
+                await asyncio.sleep(QUIET_S)
+                return True
+            await asyncio.sleep(3)
+        return False
+
+
+_SETTLED_SQL = """
+SELECT
+  (SELECT count(*) FROM sagas WHERE status IN ('completed', 'compensated', 'needs_human'))
+    AS final,
+  (SELECT count(*) FROM sagas s JOIN orders o USING (order_id)
+     JOIN sagas h ON h.saga_id = o.active_saga_id
+   WHERE s.status = 'waiting' AND h.status = 'needs_human') AS held,
+  (SELECT count(*) FROM outbox) AS outbox,
+  (SELECT count(*) FROM order_blocks) AS blocked
+"""
+
+
+# --- the chaos monkey ----------------------------------------------------------------------------
+
+
+@dataclass
+class Monkey:
+    """SIGKILLs a process now and then (restarting it after a short pause), and restarts the
+    broker and the database at planned instants. Victims are drawn in shuffled rounds, so every
+    component is killed once before any is killed twice."""
+
+    system: ChaosSystem
+    config: ChaosConfig
+    rng: random.Random
+    say: Say
+    t0: float = field(default_factory=time.monotonic)
+    _round: list[str] = field(default_factory=list)
+
+    def log(self, text: str) -> None:
+        self.say(f"[{time.monotonic() - self.t0:7.1f}s] {text}")
+
+    def _victim(self) -> str:
+        if not self._round:
+            self._round = sorted(self.system.supervisor.components)
+            self.rng.shuffle(self._round)
+        return self._round.pop()
+
+    async def kill_loop(self, stop: asyncio.Event) -> None:
+        every = self.config.kill_every_s
+        if every is None:
+            return
+        while not stop.is_set():
+            wait = min(self.rng.expovariate(1 / every), 3 * every)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), wait)
+                return
+            name = self._victim()
+            if not await self.system.supervisor.kill(name):
+                continue  # down already (it exited and waits for its restart)
+            pause = self.rng.uniform(0, self.config.kill_pause_s)
+            self.log(f"SIGKILL {name}; restart in {pause:.1f}s")
+            await asyncio.sleep(pause)
+            await self.system.supervisor.start(name)
+
+    def outage_plan(self, window_s: float) -> list[tuple[float, str]]:
+        """When to restart what: spread over the load window, broker and database apart."""
+        plan = []
+        for k in range(self.config.broker_restarts):
+            at = window_s * (k + 0.2 + 0.3 * self.rng.random()) / self.config.broker_restarts
+            plan.append((max(at, MIN_UPTIME_BEFORE_BROKER_CRASH_S), "broker"))
+        for k in range(self.config.db_restarts):
+            at = window_s * (k + 0.6 + 0.3 * self.rng.random()) / self.config.db_restarts
+            plan.append((at, "database"))
+        return sorted(plan)
+
+    async def outages(self, window_s: float) -> None:
+        done: Counter[str] = Counter()
+        for at, what in self.outage_plan(window_s):
+            delay = self.t0 + at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            # Per server, a crash first, then a clean stop, alternating.
+            crash = done[what] % 2 == 0
+            done[what] += 1
+            await (self._broker(crash) if what == "broker" else self._database(crash))
+
+    async def _broker(self, crash: bool) -> None:
+        down = self.config.broker_down_s * self.rng.uniform(0.5, 1.0)
+        self.log(f"broker {'crash (SIGKILL)' if crash else 'stop'}; start in {down:.1f}s")
+        started = time.monotonic()
+        await self.system.restart_broker(crash=crash, down_s=down)
+        self.log(f"broker back after {time.monotonic() - started:.1f}s")
+
+    async def _database(self, crash: bool) -> None:
+        down = self.config.db_down_s * self.rng.uniform(0.5, 1.0)
+        self.log(
+            f"database {'crash (immediate)' if crash else 'stop (fast)'}; start in {down:.1f}s"
+        )
+        started = time.monotonic()
+        await self.system.restart_database(crash=crash, down_s=down)
+        self.log(f"database back after {time.monotonic() - started:.1f}s")
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+async def run_chaos(config: ChaosConfig, say: Say = _say) -> ChaosResult:
+    seed = config.seed if config.seed is not None else random.randrange(2**32)
+    rng = random.Random(seed)
+    workdir = config.workdir or Path(tempfile.mkdtemp(prefix="saga-chaos-run-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    say(f"chaos run: {config.sagas} sagas, seed {seed}, run directory {workdir}")
+    load = build_load(config, rng)
+    (workdir / "load.json").write_text(json.dumps(load.describe(), indent=1))
+    with _library_logs_to(workdir / "harness.log"):
+        async with ChaosSystem(workdir, say) as system:
+            result = await _drive(system, load, config, seed, rng, say)
+    result.graceful_stop = system.graceful_stop
+    result.summary = summarize(result)
+    (workdir / "summary.txt").write_text(result.summary + "\n")
+    (workdir / "violations.txt").write_text("\n".join(map(str, result.verdict.violations)) + "\n")
+    say(result.summary)
+    return result
+
+
+@contextlib.contextmanager
+def _library_logs_to(path: Path) -> Iterator[None]:
+    """aio-pika and asyncpg log every reconnect attempt of the harness's own connections: into
+    the run directory with them, not onto the summary."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+def build_load(config: ChaosConfig, rng: random.Random) -> Load:
+    plans = saga_plans(load_catalog(Settings().catalog_file))
+    shape = LoadShape(
+        sagas=config.sagas, with_faults=config.with_faults, per_order=config.per_order
+    )
+    return plan_load(shape, plans, rng)
+
+
+async def _drive(
+    system: ChaosSystem, load: Load, config: ChaosConfig, seed: int, rng: random.Random, say: Say
+) -> ChaosResult:
+    await inject_faults(system.pool, load)
+    say(f"injected {len(load.faults)} faults over {len(load.orders)} orders")
+    monkey = Monkey(system, config, rng, say)
+    publisher = Publisher(system.settings, load, config.rate, say)
+    window = config.sagas / config.rate
+    stop_kills = asyncio.Event()
+    started = time.monotonic()
+    chaos = [
+        asyncio.create_task(monkey.kill_loop(stop_kills), name="kills"),
+        asyncio.create_task(monkey.outages(window), name="outages"),
+    ]
+    if config.disruption is not None:
+        chaos.append(asyncio.create_task(config.disruption(system, monkey.log), name="outage"))
+    progress = asyncio.create_task(_progress(system, publisher, monkey, load))
+    try:
+        await _publish(publisher, window + config.settle_timeout_s, monkey.log)
+        await asyncio.sleep(config.chaos_tail_s)
+        stop_kills.set()
+        await asyncio.gather(*chaos)  # a planned outage runs to its end, the server back up
+        monkey.log("chaos over; waiting for every saga to settle")
+        progress.cancel()
+        settled = await system.settle(len(load.sagas), config.settle_timeout_s, monkey.log)
+        duration = time.monotonic() - started
+        seen = await _observe(system)
+        verdict = verify(load, seen, publisher.stats.confirmed_ids)
+        await _keep_database(system, say)
+    finally:
+        progress.cancel()
+        stop_kills.set()
+        for task in chaos:
+            task.cancel()
+        await asyncio.gather(progress, *chaos, return_exceptions=True)
+    return ChaosResult(
+        config=config,
+        seed=seed,
+        workdir=system.workdir,
+        verdict=verdict,
+        publish=publisher.stats,
+        kills=system.supervisor.kills,
+        broker_restarts=system.rabbit.starts - 1,
+        db_restarts=system.pg.starts - 1,
+        process_exits=list(system.supervisor.exits),
+        graceful_stop={},
+        settled=settled,
+        duration_s=duration,
+        orders=len(load.orders),
+    )
+
+
+async def _publish(publisher: Publisher, limit_s: float, log: Say) -> None:
+    """Bounded: a broker that never comes back must fail the run, not hang it."""
+    try:
+        await asyncio.wait_for(publisher.run(), limit_s)
+    except TimeoutError:
+        log(f"gave up publishing after {limit_s:.0f}s: {publisher.stats.confirmed} confirmed")
+    else:
+        log(f"all {publisher.stats.confirmed} starts confirmed")
+
+
+async def _observe(system: ChaosSystem) -> Observed:
+    for attempt in range(10):
+        try:
+            return await observe(system.pool)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            if attempt == 9:
+                raise
+            await asyncio.sleep(1)
+    raise AssertionError("unreachable")
+
+
+async def _keep_database(system: ChaosSystem, say: Say) -> None:
+    """The final database goes into the run directory: the register of every saga, the
+    systems' effects, the logs of handled messages, for whoever investigates a violation."""
+    try:
+        await system.pg.dump("saga", system.workdir / "saga.dump")
+    except Exception as exc:
+        say(f"could not dump the database: {exc}")
+
+
+async def _progress(system: ChaosSystem, publisher: Publisher, monkey: Monkey, load: Load) -> None:
+    while True:
+        await asyncio.sleep(5)
+        try:
+            row = await system.pool.fetchrow(_SETTLED_SQL)
+            final = "?" if row is None else str(int(row["final"]) + int(row["held"]))
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            final = "? (database down)"
+        monkey.log(
+            f"published {publisher.stats.confirmed}/{len(load.sagas)}, final {final}, "
+            f"kills {sum(system.supervisor.kills.values())}, broker restarts "
+            f"{system.rabbit.starts - 1}, database restarts {system.pg.starts - 1}"
+        )
+
+
+# --- the summary ---------------------------------------------------------------------------------
+
+
+def summarize(result: ChaosResult) -> str:
+    v = result.verdict
+    kills = ", ".join(f"{k} {n}" for k, n in sorted(result.kills.items())) or "none"
+    terminal = ", ".join(f"{k} {n}" for k, n in sorted(v.terminal.items())) or "none"
+    graceful = [n for n, ok in sorted(result.graceful_stop.items()) if not ok]
+    lines = [
+        "=" * 78,
+        f"CHAOS SUMMARY  ({'PASS' if result.ok else 'FAIL'})   seed {result.seed}",
+        f"run directory        {result.workdir}",
+        f"sagas                {result.config.sagas} over {result.orders} orders",
+        f"kills (SIGKILL)      {sum(result.kills.values())}: {kills}",
+        f"broker restarts      {result.broker_restarts}",
+        f"database restarts    {result.db_restarts}",
+        f"terminal states      {terminal}"
+        + (f" ({v.held} waiting behind a needs_human saga of their order)" if v.held else ""),
+        f"settled in time      {'yes' if result.settled else 'NO'}",
+        f"lost                 {v.lost}",
+        f"duplicated effects   {v.duplicated_effects}",
+        f"dead letters         {v.dead_letters}",
+        f"rule violations      {len(v.violations)}",
+        f"duration             {result.duration_s:.1f}s ({result.sagas_per_s:.1f} sagas/s, "
+        "first publish to all settled)",
+        f"agent publishes      {result.publish.confirmed} confirmed, {result.publish.retries} "
+        f"re-sent, {result.publish.reconnects} new connections, errors {result.publish.errors}",
+        f"recovery at work     {_handling(v.handling)}",
+        f"process exits        {len(result.process_exits)} not caused by the harness",
+        "graceful stop        "
+        + (f"NOT within 15s after SIGTERM: {graceful}" if graceful else "all exited on SIGTERM"),
+    ]
+    lines += _violation_lines(v)
+    lines += _exit_lines(result.process_exits)
+    if v.notes:
+        lines.append(f"notes ({len(v.notes)}, allowed by design):")
+        lines += [f"  {n}" for n in v.notes[:10]]
+    lines.append("=" * 78)
+    return "\n".join(lines)
+
+
+def _handling(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in counts.items()) or "-"
+
+
+def _violation_lines(verdict: Verdict) -> list[str]:
+    if not verdict.violations:
+        return []
+    by_rule = Counter(x.rule for x in verdict.violations)
+    lines = [f"violations by rule   {dict(sorted(by_rule.items()))}", "first violations:"]
+    lines += [f"  {x}" for x in verdict.violations[:15]]
+    return lines
+
+
+def _exit_lines(exits: list[ProcessExit]) -> list[str]:
+    lines = []
+    for e in exits[:5]:
+        last = e.log_tail.strip().splitlines()[-1:] or ["(no output)"]
+        lines.append(
+            f"  exit: {e.name} code {e.returncode} at {e.at:.1f}s after {e.uptime_s:.1f}s up:"
+            f" {last[0][:200]}"
+        )
+    return lines
+
+
+# --- a kept run, checked again ---------------------------------------------------------------
+
+
+async def reverify(workdir: Path, say: Say = _say) -> Verdict:
+    """Run the checks again on a kept run (its load.json and saga.dump, restored into a
+    disposable Postgres): to try a corrected check, or a fix of the checker, on real evidence."""
+    plans = saga_plans(load_catalog(Settings().catalog_file))
+    load = Load.from_description(plans, json.loads((workdir / "load.json").read_text()))
+    async with DisposablePostgres() as pg:
+        await pg.restore(workdir / "saga.dump", "saga")
+        pool = await asyncpg.create_pool(pg.url("saga"), min_size=1, max_size=2)
+        try:
+            seen = await observe(pool)
+        finally:
+            await pool.close()
+    verdict = verify(load, seen, {s.saga_id for s in load.sagas})
+    terminal = ", ".join(f"{k} {n}" for k, n in sorted(verdict.terminal.items()))
+    say(
+        f"{workdir}: {len(load.sagas)} sagas; terminal states {terminal}; lost {verdict.lost}; "
+        f"duplicated effects {verdict.duplicated_effects}; dead letters {verdict.dead_letters}"
+    )
+    say("\n".join(_violation_lines(verdict)) or "rule violations 0")
+    return verdict
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.chaos",
+        description="Sagas with injected faults on a disposable broker and database while every "
+        "process is killed at random; then every rule of design.md section 4 is checked.",
+    )
+    parser.add_argument("--sagas", type=int, default=1000)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--rate", type=float, default=25.0, help="sagas published per second")
+    parser.add_argument(
+        "--kill-every", type=float, default=3.0, help="mean seconds between kills; 0: none"
+    )
+    each = "default: one per two minutes of load, at least 1"
+    parser.add_argument("--broker-restarts", type=int, help=each)
+    parser.add_argument("--db-restarts", type=int, help=each)
+    down = "seconds down (between half this and this)"
+    parser.add_argument("--broker-down", type=float, default=3.0, help=down)
+    parser.add_argument("--db-down", type=float, default=3.0, help=down)
+    parser.add_argument("--settle-timeout", type=float, default=300.0)
+    parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--reverify", type=Path, metavar="RUN_DIR", help="check a kept run again")
+    return parser
+
+
+def config_from(args: argparse.Namespace) -> ChaosConfig:
+    window = args.sagas / args.rate
+    per_window = max(1, round(window / 120))  # one of each per two minutes of load
+    return ChaosConfig(
+        sagas=args.sagas,
+        seed=args.seed,
+        rate=args.rate,
+        kill_every_s=args.kill_every or None,
+        broker_restarts=args.broker_restarts if args.broker_restarts is not None else per_window,
+        db_restarts=args.db_restarts if args.db_restarts is not None else per_window,
+        broker_down_s=args.broker_down,
+        db_down_s=args.db_down,
+        settle_timeout_s=args.settle_timeout,
+        with_faults=not args.no_faults,
+        workdir=args.workdir,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit 0 when every rule held, 1 on any violation."""
+    args = _parser().parse_args(argv)
+    if args.reverify is not None:
+        return 0 if asyncio.run(reverify(args.reverify)).ok else 1
+    result = asyncio.run(run_chaos(config_from(args)))
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
