@@ -168,3 +168,27 @@ async def test_resolve_from_the_command_line(
                                "stock released by hand", "--by", "kim")  # fmt: skip
     assert resolved["status"] == "resolved"
     assert resolved["decisions"][-1]["by"] == "kim"
+
+
+async def test_watch_streams_the_lifecycle_of_an_order(
+    stack: Stack, settings: Settings, order_id: str
+) -> None:
+    watcher = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "saga_coordinator.cli", "watch", "--order", order_id, "--json",
+        env=saga_env(settings), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert watcher.stderr is not None and watcher.stdout is not None
+    await asyncio.wait_for(watcher.stderr.readline(), 30)  # "watching ..." once subscribed
+    other = await saga_json(settings, "start", "refund", "--order", f"{order_id}-x", *PARAMS)
+    started = await saga_json(settings, "start", "refund", "--order", order_id, *PARAMS)
+    seen: list[dict[str, Any]] = []
+    while not seen or seen[-1]["type"] != "saga.completed":
+        line = await asyncio.wait_for(watcher.stdout.readline(), 30)
+        seen.append(json.loads(line))
+    watcher.terminate()
+    await watcher.wait()
+
+    assert {e["saga_id"] for e in seen} == {started["saga_id"]}  # not the other order's
+    assert other["saga_id"] != started["saga_id"]
+    types = [e["type"] for e in seen]
+    assert types[0] == "saga.started" and types.count("step.done") == 3

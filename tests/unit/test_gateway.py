@@ -507,3 +507,19 @@ def test_missing_catalog_file_is_refused(tmp_path: Path) -> None:
 
     assert "cannot read" in str(info.value)
     assert str(path) in str(info.value)
+
+
+def test_a_gate_before_an_action_not_in_the_plan_is_refused() -> None:
+    with pytest.raises(PlanRejected) as info:
+        check_plan(CATALOG, ["inventory.reserve_stock"], (), {"email.send_confirmation"})
+
+    assert info.value.rule == "gate_unknown"
+    assert "email.send_confirmation" in str(info.value)
+
+
+def test_a_gate_lets_an_irreversible_action_come_before_a_compensable_one() -> None:
+    steps = ["email.send_confirmation", "inventory.reserve_stock"]
+    with pytest.raises(PlanRejected, match="irreversible_not_last"):
+        check_plan(CATALOG, steps)
+
+    check_plan(CATALOG, steps, (), {"email.send_confirmation"})  # no error
