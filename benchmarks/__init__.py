@@ -1,0 +1,1 @@
+"""Benchmarks of the real stack (issue 6): ``python -m benchmarks``."""
