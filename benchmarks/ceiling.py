@@ -31,7 +31,7 @@ async def raw_broker_rate(amqp_url: str, messages: int, in_flight: int = 256) ->
             if received == messages:
                 done.set()
 
-        await queue.consume(on_message)
+        tag = await queue.consume(on_message)
         body = b"x" * 400  # about the size of a saga message
         window = asyncio.Semaphore(in_flight)
 
@@ -47,6 +47,7 @@ async def raw_broker_rate(amqp_url: str, messages: int, in_flight: int = 256) ->
         await asyncio.gather(*(publish() for _ in range(messages)))
         await asyncio.wait_for(done.wait(), 120)
         elapsed = time.perf_counter() - started
+        await queue.cancel(tag)
         await consumer.queue_delete(name)
         return messages / elapsed
     finally:
