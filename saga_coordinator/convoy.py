@@ -7,7 +7,7 @@ per-order command numbers (a command that arrives ahead of a gap waits for the m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from shared.messages import PartitionMessage
@@ -29,6 +29,7 @@ class OrderView:
     next_seq: int
     handled: int
     blocks: tuple[Block, ...] = ()
+    has_parked: bool = False  # as read under the lock; parking sets it, draining may clear it
 
 
 class Verdict(StrEnum):
@@ -41,15 +42,18 @@ class Verdict(StrEnum):
 class Admission:
     verdict: Verdict
     reason: str = ""
-    unblocks: bool = False  # the message is the one its order was blocked by
 
 
 def command_seq(message: PartitionMessage) -> int | None:
     return None if message.type.startswith("action.") else getattr(message, "seq", None)
 
 
+def blocked_by(order: OrderView, message_id: str) -> bool:
+    return any(b.message_id == message_id for b in order.blocks)
+
+
 def admit(order: OrderView, message_id: str, seq: int | None) -> Admission:
-    mine = any(b.message_id == message_id for b in order.blocks)
+    mine = blocked_by(order, message_id)
     others = [b for b in order.blocks if b.message_id != message_id]
     if others and not mine:
         first = others[0]
@@ -61,27 +65,22 @@ def admit(order: OrderView, message_id: str, seq: int | None) -> Admission:
             return Admission(Verdict.STALE, f"command {seq} already handled")
         if seq > order.next_seq:
             return Admission(Verdict.PARK, f"command {seq} waits for command {order.next_seq}")
-    return Admission(Verdict.APPLY, unblocks=mine)
+    return Admission(Verdict.APPLY)
 
 
 def after_apply(order: OrderView, seq: int | None) -> OrderView:
     """The order once a message was applied: one more handled, and the next command expected."""
     next_seq = order.next_seq + 1 if seq is not None and seq == order.next_seq else order.next_seq
-    return OrderView(
-        order.order_id, order.active_saga_id, next_seq, order.handled + 1, order.blocks
-    )
+    return replace(order, next_seq=next_seq, handled=order.handled + 1)
 
 
 def without_block(order: OrderView, message_id: str) -> OrderView:
-    blocks = tuple(b for b in order.blocks if b.message_id != message_id)
-    return OrderView(order.order_id, order.active_saga_id, order.next_seq, order.handled, blocks)
+    return replace(order, blocks=tuple(b for b in order.blocks if b.message_id != message_id))
 
 
 def with_active(order: OrderView, saga_id: str | None) -> OrderView:
-    return OrderView(order.order_id, saga_id, order.next_seq, order.handled, order.blocks)
+    return replace(order, active_saga_id=saga_id)
 
 
 def skip_seq(order: OrderView) -> OrderView:
-    return OrderView(
-        order.order_id, order.active_saga_id, order.next_seq + 1, order.handled, order.blocks
-    )
+    return replace(order, next_seq=order.next_seq + 1)

@@ -94,28 +94,65 @@ UNROUTABLE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+@dataclass(frozen=True)
+class Letter:
+    """One dead message as stored: where it was going, why it died, what it was."""
+
+    message_id: str
+    message_type: str | None
+    order_id: str | None
+    saga_id: str | None
+    queue: str | None
+    exchange: str
+    routing_key: str
+    reason: str
+    error: str | None
+    attempts: int
+    first_at: datetime
+    last_at: datetime
+    headers: dict[str, Any]
+    body: bytes
+
+
+async def record_death(tx: Tx, letter: Letter) -> int:
+    """Store a dead letter, or return a replayed one to its row (its history kept), and block
+    its order. A replay header that names no row (forged, or the row was purged) must not make
+    the letter vanish: it is then stored as a new one."""
+    info = (letter.reason, letter.error, letter.attempts, letter.first_at, letter.last_at,
+            jsonable_headers(letter.headers))  # fmt: skip
+    replay_of = _text(letter.headers.get(REPLAY_HEADER))
+    for existing in (
+        int(replay_of) if replay_of and replay_of.isdigit() else None,
+        await tx.conn.fetchval(Q.dl_lock_by_message, letter.message_id),
+    ):
+        if existing is not None and await tx.conn.fetchval(Q.dl_dead_again, existing, *info):
+            dl_id = int(existing)
+            break
+    else:
+        dl_id = await tx.conn.fetchval(
+            Q.dl_insert, letter.message_id, letter.message_type, letter.order_id,
+            letter.saga_id, letter.queue, letter.exchange, letter.routing_key, *info, letter.body,
+        )  # fmt: skip
+    if letter.order_id:
+        reason = f"dead-lettered ({letter.reason}): {letter.error or 'no error recorded'}"
+        await tx.block(letter.order_id, letter.message_id, "dead", reason)
+    return dl_id
+
+
 async def bury_unroutable(tx: Tx, row: Any, error: BaseException) -> None:
     """An outbox row the broker cannot route (its exchange is gone, no queue is bound) becomes
     a dead letter instead of wedging the relay: it is kept, its order blocked, for an operator."""
-    headers = json.loads(row["headers"])
-    replay_of = headers.get(REPLAY_HEADER)
-    existing = (
-        int(replay_of)
-        if isinstance(replay_of, str) and replay_of.isdigit()
-        else await tx.conn.fetchval(Q.dl_lock_by_message, row["message_id"])
-    )
     now = _now()
-    text = f"{type(error).__name__}: {error}"
-    info = ("unroutable", text, 1, now, now, json.dumps(headers))
-    if existing is not None:
-        await tx.conn.execute(Q.dl_dead_again, existing, *info)
-    else:
-        await tx.conn.fetchval(
-            Q.dl_insert, row["message_id"], row["message_type"], row["order_id"] or None, None,
-            None, row["exchange"], row["routing_key"], *info, row["body"],
-        )  # fmt: skip
-    if row["order_id"]:
-        await tx.block(row["order_id"], row["message_id"], "dead", f"unroutable: {text}")
+    await record_death(
+        tx,
+        Letter(
+            message_id=row["message_id"], message_type=row["message_type"],
+            order_id=row["order_id"] or None, saga_id=None, queue=None,
+            exchange=row["exchange"], routing_key=row["routing_key"], reason="unroutable",
+            error=f"{type(error).__name__}: {error}", attempts=1, first_at=now, last_at=now,
+            headers=json.loads(row["headers"]), body=row["body"],
+        ),
+    )  # fmt: skip
 
 
 class DeadLetterIngester:
@@ -130,30 +167,18 @@ class DeadLetterIngester:
         death = read_death(headers, datetime.now(UTC))
 
         async def work(tx: Tx) -> int:
+            # the consumer that gave up recorded why; the broker only says how it ended
             failure = await tx.conn.fetchrow(Q.failure_get, ident.message_id)
-            attempts = failure["attempts"] if failure else death.count
-            error = failure["last_error"] if failure else None
-            first = failure["first_at"] if failure else death.at
-            replay_of = _text(headers.get(REPLAY_HEADER))
-            existing = (
-                int(replay_of)
-                if replay_of and replay_of.isdigit()
-                else await tx.conn.fetchval(Q.dl_lock_by_message, ident.message_id)
-            )
-            info = (death.reason, error, attempts, first, death.at, jsonable_headers(headers))
-            if existing is not None:
-                await tx.conn.execute(Q.dl_dead_again, existing, *info)
-                dl_id = int(existing)
-            else:
-                dl_id = await tx.conn.fetchval(
-                    Q.dl_insert, ident.message_id, ident.message_type, ident.order_id,
-                    ident.saga_id, death.queue, death.exchange, death.routing_key, death.reason,
-                    error, attempts, first, death.at, info[-1], delivery.body,
-                )  # fmt: skip
-            if ident.order_id is not None:
-                reason = f"dead-lettered ({death.reason}): {error or 'no error recorded'}"
-                await tx.block(ident.order_id, ident.message_id, "dead", reason)
-            return dl_id
+            letter = Letter(
+                message_id=ident.message_id, message_type=ident.message_type,
+                order_id=ident.order_id, saga_id=ident.saga_id, queue=death.queue,
+                exchange=death.exchange, routing_key=death.routing_key, reason=death.reason,
+                error=failure["last_error"] if failure else None,
+                attempts=failure["attempts"] if failure else death.count,
+                first_at=failure["first_at"] if failure else death.at, last_at=death.at,
+                headers=headers, body=delivery.body,
+            )  # fmt: skip
+            return await record_death(tx, letter)
 
         dl_id = await self.store.run(work)
         log.warning("dead letter %s: %s %s (%s)", dl_id, ident.message_type, ident.message_id,

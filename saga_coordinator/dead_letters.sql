@@ -23,7 +23,8 @@ SET history = history || jsonb_build_array(jsonb_build_object(
         'first_failed_at', first_failed_at, 'last_failed_at', last_failed_at, 'status', status)),
     status = 'dead', times_dead = times_dead + 1, reason = $2, error = $3, delivery_count = $4,
     first_failed_at = $5, last_failed_at = $6, headers = $7::jsonb, updated_at = now()
-WHERE id = $1;
+WHERE id = $1
+RETURNING true;
 
 -- name: dl_set_status
 UPDATE dead_letters SET status = $2, updated_at = now() WHERE id = $1;

@@ -8,6 +8,7 @@ order, the messages parked behind it are applied in order in the same transactio
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from pydantic import TypeAdapter
@@ -16,7 +17,7 @@ from saga_coordinator import convoy
 from saga_coordinator.convoy import OrderView, Verdict
 from saga_coordinator.machine import begin, decide
 from saga_coordinator.register import HOLDS_ORDER, TERMINAL, SagaState, gate_key
-from saga_coordinator.store import OutboxRow, Q, Tx
+from saga_coordinator.store import OutboxRow, Tx
 from saga_coordinator.transition import Reply, Transition
 from shared.catalog import Catalog
 from shared.codec import PARTITION
@@ -71,7 +72,7 @@ class Processor:
             return "duplicate absorbed"
         order = await tx.lock_order(message.order_id)
         seq = convoy.command_seq(message)
-        if any(b.message_id == message.message_id for b in order.blocks):
+        if convoy.blocked_by(order, message.message_id):
             # The message its order waited for has arrived: the block goes whatever happens
             # next. Were it kept while the message itself waits for a missing command number,
             # the two would wait for each other for ever.
@@ -82,6 +83,7 @@ class Processor:
             order, note = await self._apply(tx, order, message, now)
         elif admission.verdict is Verdict.PARK:
             await tx.park(message, seq, admission.reason)
+            order = replace(order, has_parked=True)
             await tx.outbox(route(self.topology, parked_reply(message, admission.reason, now)))
             note = f"parked: {admission.reason}"
             await tx.log(message, message.saga_id, note, None)
@@ -96,7 +98,7 @@ class Processor:
         """Lift one block of an order (its message was handled, replayed elsewhere or discarded)
         and, when nothing else blocks it, apply what was parked behind."""
         order = await tx.lock_order(order_id)
-        if not any(b.message_id == message_id for b in order.blocks):
+        if not convoy.blocked_by(order, message_id):
             return order
         await tx.unblock(order_id, message_id)
         order = await self.drain(tx, convoy.without_block(order, message_id), now)
@@ -106,7 +108,9 @@ class Processor:
     async def drain(self, tx: Tx, order: OrderView, now: datetime) -> OrderView:
         """Apply the messages parked behind a block, in arrival order, while nothing blocks. A
         command still waiting for a missing number stays parked; passes repeat until none moves."""
-        moved = not order.blocks
+        if order.blocks or not order.has_parked:
+            return order  # still blocked, or nothing parked: no query on the hot path
+        moved = True
         while moved:
             moved = False
             for parked in await tx.parked(order.order_id):
@@ -184,5 +188,5 @@ class Processor:
         started = begin(waiting, now)
         await self._store(tx, False, started, now)
         # The sagas still waiting now wait for this one: their registers say so.
-        await tx.conn.execute(Q.waiting_for_update, order.order_id, waiting.saga_id)
+        await tx.waiting_for(order.order_id, waiting.saga_id)
         return convoy.with_active(order, waiting.saga_id)

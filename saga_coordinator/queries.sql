@@ -36,9 +36,6 @@ FROM outbox ORDER BY id LIMIT $1;
 -- name: outbox_delete
 DELETE FROM outbox WHERE id = ANY($1::bigint[]);
 
--- name: outbox_pending
-SELECT count(*) FROM outbox;
-
 -- name: rejection_insert
 INSERT INTO rejections (message_id, saga_id, order_id, command_type, rule, reason, body)
 VALUES ($1, $2, $3, $4, $5, $6, $7);
@@ -75,7 +72,8 @@ ON CONFLICT (order_id) DO UPDATE SET order_id = EXCLUDED.order_id
 RETURNING active_saga_id, next_seq, handled,
     (SELECT coalesce(jsonb_agg(jsonb_build_object('message_id', b.message_id, 'state', b.state)
                                ORDER BY b.created_at, b.message_id), '[]'::jsonb)
-     FROM order_blocks b WHERE b.order_id = $1)::text AS blocks;
+     FROM order_blocks b WHERE b.order_id = $1)::text AS blocks,
+    EXISTS (SELECT 1 FROM parked p WHERE p.order_id = $1) AS has_parked;
 
 -- name: order_save
 UPDATE orders SET active_saga_id = $2, next_seq = $3, handled = $4, updated_at = now()

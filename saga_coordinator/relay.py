@@ -16,11 +16,12 @@ from typing import Any
 import asyncpg
 
 from saga_coordinator.dead_letters import UNROUTABLE_ERRORS, bury_unroutable
-from saga_coordinator.store import RELAY_LOCK, TRANSIENT_DB_ERRORS, Q, Tx
+from saga_coordinator.store import RELAY_LOCK, Q, Tx
 from shared.bus import Bus
 from shared.codec import to_amqp
 from shared.config import Settings
 from shared.crashpoints import crash_point
+from shared.sql import TRANSIENT_DB_ERRORS
 
 log = logging.getLogger(__name__)
 

@@ -25,26 +25,13 @@ from saga_coordinator.register import SagaState
 from shared.errors import RetryLater
 from shared.failures import Q as FQ
 from shared.messages import Envelope
-from shared.sql import Queries
+from shared.sql import TRANSIENT_DB_ERRORS, Queries
 
 log = logging.getLogger(__name__)
 Q = Queries(Path(__file__).with_name("queries.sql"))
 RELAY_LOCK = 0x5A6A0B
 T = TypeVar("T")
 Conn = asyncpg.Connection | PoolConnectionProxy
-
-# Errors after which the same transaction may well succeed: the database is restarting or
-# unreachable, or two transactions collided.
-TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-    asyncpg.SerializationError,
-    asyncpg.DeadlockDetectedError,
-    asyncpg.AdminShutdownError,
-    asyncpg.TooManyConnectionsError,
-)
 
 
 @dataclass(frozen=True)
@@ -86,7 +73,10 @@ class Tx:
         row = await self.conn.fetchrow(Q.order_lock, order_id)
         assert row is not None
         blocks = tuple(Block(b["message_id"], b["state"]) for b in json.loads(row["blocks"]))
-        return OrderView(order_id, row["active_saga_id"], row["next_seq"], row["handled"], blocks)
+        return OrderView(
+            order_id, row["active_saga_id"], row["next_seq"], row["handled"], blocks,
+            row["has_parked"],
+        )  # fmt: skip
 
     async def save_order(self, order: OrderView) -> None:
         await self.conn.execute(
@@ -122,6 +112,10 @@ class Tx:
     async def next_waiting(self, order_id: str) -> SagaState | None:
         raw = await self.conn.fetchval(Q.waiting_next, order_id)
         return None if raw is None else SagaState.model_validate_json(raw)
+
+    async def waiting_for(self, order_id: str, saga_id: str) -> None:
+        """The sagas still waiting on an order now wait for ``saga_id``."""
+        await self.conn.execute(Q.waiting_for_update, order_id, saga_id)
 
     async def save_saga(self, state: SagaState, *, new: bool, now: datetime) -> None:
         body = state.model_dump_json()
@@ -256,6 +250,3 @@ class Store:
     async def parked(self, order_id: str) -> list[dict[str, Any]]:
         rows = await self.pool.fetch(Q.parked_for_order, order_id)
         return [{k: v for k, v in dict(r).items() if k != "body"} for r in rows]
-
-    async def outbox_pending(self) -> int:
-        return int(await self.pool.fetchval(Q.outbox_pending))

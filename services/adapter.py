@@ -37,21 +37,11 @@ from shared.crashpoints import crash_point
 from shared.errors import RetryLater
 from shared.failures import failure_recorder
 from shared.messages import ActionDone, ActionFailed, ActionRequest
+from shared.sql import TRANSIENT_DB_ERRORS
 
 log = logging.getLogger(__name__)
 
 _REQUEST: TypeAdapter[ActionRequest] = TypeAdapter(ActionRequest)
-# The database being away (or two transactions colliding) says nothing about the action: the
-# transaction rolled back, so hold the message and try again rather than report a failure.
-DATABASE_TROUBLE: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncpg.exceptions.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError,  # shutting down, starting up
-    asyncpg.exceptions.TooManyConnectionsError,
-    asyncpg.exceptions.DeadlockDetectedError,
-    asyncpg.exceptions.SerializationError,
-)
 
 
 class Adapter:
@@ -116,7 +106,7 @@ class Adapter:
         an immediate requeue would burn the delivery count in milliseconds and dead-letter a
         perfectly good request during a database restart."""
         holding = AsyncRetrying(
-            retry=retry_if_exception_type(DATABASE_TROUBLE),
+            retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
             wait=wait_exponential(multiplier=0.05, max=2.0),
             stop=stop_after_delay(self.db_retry_s),
             before_sleep=before_sleep_log(log, logging.WARNING),
@@ -126,7 +116,7 @@ class Adapter:
             async for attempt in holding:
                 with attempt:
                     verdict, tries = await self._call_with_retries(req)
-        except DATABASE_TROUBLE as exc:
+        except TRANSIENT_DB_ERRORS as exc:
             raise RetryLater(f"database unreachable during {req.action}: {exc!r}") from exc
         return build_outcome(req, verdict, tries)
 

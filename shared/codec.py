@@ -114,12 +114,13 @@ class Identity:
 
 
 def identify(body: bytes, message_id: str | None, headers: dict[str, Any]) -> Identity:
-    """The AMQP properties first, then the body; a message with no id at all is named by a hash
-    of its body, so every component names the same broken message the same way."""
+    """The body's own id first (the one the coordinator applies, and unblocks by), then the AMQP
+    property; a message with no id at all is named by a hash of its body, so every component
+    names the same broken message the same way."""
     seen = peek(body)
     header_order = headers.get("x-order-id")
     order_id = header_order if isinstance(header_order, str) else seen["order_id"]
-    mid = message_id or seen["message_id"] or f"body:{hashlib.sha256(body).hexdigest()[:24]}"
+    mid = seen["message_id"] or message_id or f"body:{hashlib.sha256(body).hexdigest()[:24]}"
     return Identity(mid, order_id, seen["saga_id"], seen["type"])
 
 

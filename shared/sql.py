@@ -5,6 +5,20 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import asyncpg
+
+# Errors after which the same transaction may well succeed: the database is restarting, shutting
+# down or unreachable, out of connections, or two transactions collided.
+TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,  # shutting down, starting up
+    asyncpg.TooManyConnectionsError,
+    asyncpg.SerializationError,
+    asyncpg.DeadlockDetectedError,
+)
+
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
 
@@ -24,6 +38,3 @@ class Queries:
             return self._queries[name]
         except KeyError:
             raise AttributeError(f"{self._path.name} has no query named {name!r}") from None
-
-    def names(self) -> list[str]:
-        return sorted(self._queries)

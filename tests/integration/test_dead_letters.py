@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -103,7 +104,8 @@ async def poison(bus: Bus, order_id: str | None, body: bytes, message_id: str) -
 
 def command_body(order_id: str | None, **changes: Any) -> bytes:
     body: dict[str, Any] = {
-        "message_id": changes.pop("message_id", "m-poison"),
+        # a message id names one message: each poison body gets its own
+        "message_id": changes.pop("message_id", f"m-poison-{uuid.uuid4().hex[:8]}"),
         "type": "saga.start",
         "saga_id": "s-poison",
         "order_id": order_id,
@@ -329,3 +331,16 @@ async def test_ingester_killed_before_commit_loses_no_dead_letter(
             await setup.topology.delete(channel)
     assert rows[0]["message_id"] == "m-dl-crash"
     assert rows[0]["body"] == b"poison"
+
+
+async def test_a_replay_header_naming_no_dead_letter_does_not_make_the_letter_vanish(
+    stack: Stack, bus: Bus, pool: asyncpg.Pool, order_id: str
+) -> None:
+    forged = aio_pika.Message(
+        b"{oops", message_id="m-forged", headers={"x-order-id": order_id, "x-replay-of": "999999"}
+    )
+    await bus.publish_raw(bus.topology.dead_letter_exchange, "", forged)
+
+    [dead] = await wait_dead(pool, order_id)
+    assert (dead["message_id"], dead["body"]) == ("m-forged", b"{oops")
+    assert [b["message_id"] for b in await stack.store.blocks(order_id)] == ["m-forged"]
