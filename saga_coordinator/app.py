@@ -41,6 +41,7 @@ class Stack:
         self.bus = Bus(settings)
         self._pool: asyncpg.Pool | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._relay: Relay | None = None
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -71,7 +72,8 @@ class Stack:
             runners.append(("intake", Intake(self.settings, self.catalog, self.bus, store).run()))
             coordinator = Coordinator(self.settings, self.catalog, self.bus, store)
             runners.append(("coordinator", coordinator.run()))
-            runners.append(("relay", Relay(self.settings, self._pool, self.bus).run()))
+            self._relay = Relay(self.settings, self._pool, self.bus)
+            runners.append(("relay", self._relay.run()))
             ingester = DeadLetterIngester(self.settings, self.bus, store)
             runners.append(("dead-letters", ingester.run()))
             timer = DeadlineTimer(self.settings, store, self.bus.topology)
@@ -86,6 +88,15 @@ class Stack:
         self._tasks = [asyncio.create_task(coro, name=name) for name, coro in runners]
         log.info("started %s", ", ".join(self.components))
 
+    @staticmethod
+    async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+        for task in tasks:
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for task, result in zip(tasks, results, strict=True):
+            if isinstance(result, Exception):
+                log.error("%s stopped with %r", task.get_name(), result)
+
     async def wait(self) -> None:
         """Return when any component stops (it should not): its error is raised here."""
         done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -93,13 +104,18 @@ class Stack:
             task.result()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        results = await asyncio.gather(*self._tasks, return_exceptions=True)
-        for task, result in zip(self._tasks, results, strict=True):
-            if isinstance(result, Exception):
-                log.error("%s stopped with %r", task.get_name(), result)
+        """Consumers first (each finishes the message in hand), then one last outbox flush, so
+        what they committed is published now rather than by whichever relay runs next."""
+        consumers = [t for t in self._tasks if t.get_name() != "relay"]
+        await self._cancel(consumers)
+        if self._relay is not None:
+            try:
+                await asyncio.wait_for(self._relay.drain(), self.settings.stop_grace_s)
+            except Exception as exc:  # the next relay to run publishes what is left
+                log.warning("outbox not drained at stop: %r", exc)
+        await self._cancel([t for t in self._tasks if t not in consumers])
         self._tasks = []
+        self._relay = None
         await self.bus.close()
         if self._pool is not None:
             await self._pool.close()

@@ -61,6 +61,11 @@ class Relay:
                 await conn.execute(Q.outbox_delete, [r["id"] for r in rows])
             return len(rows)
 
+    async def drain(self) -> None:
+        """Publish until the outbox is empty (used at a graceful stop)."""
+        while await self.flush_once() == self.settings.relay_batch:
+            pass
+
     async def run(self) -> None:
         listen = asyncio.create_task(self._listen())
         try:

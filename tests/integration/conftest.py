@@ -11,6 +11,7 @@ from saga_coordinator.app import Stack
 from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
+from tests.integration.helpers import remove_namespace
 
 
 @pytest.fixture
@@ -21,10 +22,7 @@ async def stack(settings: Settings) -> AsyncIterator[Stack]:
         yield running
     finally:
         await running.stop()
-        async with Bus(settings) as bus:
-            channel = await bus.connection.channel()
-            await bus.topology.delete(channel)
-            await channel.close()
+        await remove_namespace(settings)
 
 
 @pytest.fixture

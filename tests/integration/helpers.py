@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import aiormq
+import asyncpg
 from pydantic import JsonValue
 
 from saga_coordinator.app import Stack
@@ -111,3 +112,21 @@ async def consumers_of(bus: Bus, queue_name: str) -> int:
     finally:
         if not probe.is_closed:
             await probe.close()
+
+
+async def remove_namespace(settings: Settings) -> None:
+    """Delete a test's queues and exchanges, and the outbox rows addressed to them: no relay can
+    deliver those once the exchanges are gone, and the next test's relay would bury them as
+    unroutable dead letters (a coordinator killed by a test may leave some behind)."""
+    async with Bus(settings) as bus:
+        channel = await bus.connection.channel()
+        try:
+            await bus.topology.delete(channel)
+        finally:
+            await channel.close()
+    prefix = f"{settings.namespace}."
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        await conn.execute("DELETE FROM outbox WHERE left(exchange, length($1)) = $1", prefix)
+    finally:
+        await conn.close()

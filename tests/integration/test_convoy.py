@@ -18,7 +18,7 @@ from saga_coordinator.register import SagaState
 from shared.bus import Bus
 from shared.config import Settings
 from shared.messages import AbortSaga, AnyCommand, StartSaga
-from tests.integration.helpers import REFUND, eventually, saga_env
+from tests.integration.helpers import REFUND, eventually, remove_namespace, saga_env
 
 ORDERS = 200
 
@@ -58,9 +58,7 @@ async def two_coordinators(
             except TimeoutError:
                 proc.kill()
         await adapters.stop()
-        async with Bus(settings) as bus:
-            channel = await bus.connection.channel()
-            await bus.topology.delete(channel)
+        await remove_namespace(settings)
 
 
 def commands_for(order_id: str) -> list[AnyCommand]:

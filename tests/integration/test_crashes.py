@@ -23,6 +23,7 @@ from tests.integration.helpers import (
     consumers_of,
     eventually,
     publish_start,
+    remove_namespace,
     saga_env,
     terminal,
 )
@@ -68,9 +69,7 @@ async def procs(settings: Settings, tmp_path: Path) -> AsyncIterator[Processes]:
         yield running
     finally:
         await running.stop_all()
-        async with Bus(settings) as bus:
-            channel = await bus.connection.channel()
-            await bus.topology.delete(channel)
+        await remove_namespace(settings)
 
 
 async def crashed(proc: asyncio.subprocess.Process) -> None:

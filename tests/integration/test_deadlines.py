@@ -14,7 +14,7 @@ from saga_coordinator.register import SagaState
 from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
-from tests.integration.helpers import REFUND, eventually, terminal
+from tests.integration.helpers import REFUND, eventually, remove_namespace, terminal
 
 
 @pytest.fixture
@@ -37,9 +37,7 @@ async def without_erp(quick: Settings) -> AsyncIterator[Stack]:
         yield running
     finally:
         await running.stop()
-        async with Bus(quick) as bus:
-            channel = await bus.connection.channel()
-            await bus.topology.delete(channel)
+        await remove_namespace(quick)
 
 
 async def step_of(stack: Stack, saga_id: str, index: int) -> SagaState:
