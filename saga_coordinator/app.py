@@ -19,6 +19,7 @@ from services.adapter import Adapter
 from shared.bus import Bus
 from shared.catalog import Catalog, load_catalog
 from shared.config import Settings
+from shared.sql import create_pool
 from shared.topology import SERVICES
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class Stack:
         await self.stop()
 
     async def start(self) -> None:
-        self._pool = await asyncpg.create_pool(self.settings.database_url, min_size=1, max_size=10)
+        self._pool = await create_pool(self.settings.database_url, min_size=1, max_size=10)
         await self.bus.connect()
         await self.bus.declare()
         store = Store(self._pool, db_retry_s=self.settings.db_retry_s)

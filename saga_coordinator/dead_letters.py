@@ -217,7 +217,7 @@ class DeadLetterDesk:
                 raise DeadLetterNotFound(f"no dead letter {dl_id}")
             if row["status"] != "dead":
                 return Handled(dl_id, False, f"already {row['status']}: nothing republished")
-            await tx.outbox([
+            tx.outbox([
                 OutboxRow(row["exchange"], row["routing_key"], row["message_id"],
                           row["message_type"] or "unknown", row["order_id"] or "", row["body"],
                           {REPLAY_HEADER: str(dl_id)})

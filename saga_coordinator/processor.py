@@ -66,11 +66,12 @@ class Processor:
 
     async def handle(self, tx: Tx, message: PartitionMessage, now: datetime) -> str:
         """Returns what happened, for the log line."""
-        if not await tx.inbox_insert(message.message_id, message.saga_id):
-            await self.release(tx, message.order_id, message.message_id, now)
-            await tx.log(message, message.saga_id, "duplicate absorbed", None)
+        claim = await tx.claim(message)
+        if not claim.fresh:
+            await self._release(tx, claim.order, message.message_id, now)
+            tx.log(message, message.saga_id, "duplicate absorbed", None)
             return "duplicate absorbed"
-        order = await tx.lock_order(message.order_id)
+        order = claim.order
         seq = convoy.command_seq(message)
         if convoy.blocked_by(order, message.message_id):
             # The message its order waited for has arrived: the block goes whatever happens
@@ -80,29 +81,31 @@ class Processor:
             order = convoy.without_block(order, message.message_id)
         admission = convoy.admit(order, message.message_id, seq)
         if admission.verdict is Verdict.APPLY:
-            order, note = await self._apply(tx, order, message, now)
+            order, note = await self._apply(tx, order, message, now, claim.saga)
         elif admission.verdict is Verdict.PARK:
             await tx.park(message, seq, admission.reason)
             order = replace(order, has_parked=True)
-            await tx.outbox(route(self.topology, parked_reply(message, admission.reason, now)))
+            tx.outbox(route(self.topology, parked_reply(message, admission.reason, now)))
             note = f"parked: {admission.reason}"
-            await tx.log(message, message.saga_id, note, None)
+            tx.log(message, message.saga_id, note, None)
         else:
             note = f"stale: {admission.reason}"
-            await tx.log(message, message.saga_id, note, None)
+            tx.log(message, message.saga_id, note, None)
         order = await self.drain(tx, order, now)
-        await tx.save_order(order)
+        tx.save_order(order)
         return note
 
     async def release(self, tx: Tx, order_id: str, message_id: str, now: datetime) -> OrderView:
         """Lift one block of an order (its message was handled, replayed elsewhere or discarded)
         and, when nothing else blocks it, apply what was parked behind."""
-        order = await tx.lock_order(order_id)
+        return await self._release(tx, await tx.lock_order(order_id), message_id, now)
+
+    async def _release(self, tx: Tx, order: OrderView, message_id: str, now: datetime) -> OrderView:
         if not convoy.blocked_by(order, message_id):
             return order
-        await tx.unblock(order_id, message_id)
+        await tx.unblock(order.order_id, message_id)
         order = await self.drain(tx, convoy.without_block(order, message_id), now)
-        await tx.save_order(order)
+        tx.save_order(order)
         return order
 
     async def drain(self, tx: Tx, order: OrderView, now: datetime) -> OrderView:
@@ -125,32 +128,36 @@ class Processor:
                     continue
                 message = _PARTITION.validate_json(parked.body)
                 if admission.verdict is Verdict.STALE:
-                    await tx.log(message, message.saga_id, f"stale: {admission.reason}", None)
+                    tx.log(message, message.saga_id, f"stale: {admission.reason}", None)
                     continue
                 order, _ = await self._apply(tx, order, message, now)
         return order
 
     async def _apply(
-        self, tx: Tx, order: OrderView, message: PartitionMessage, now: datetime
+        self,
+        tx: Tx,
+        order: OrderView,
+        message: PartitionMessage,
+        now: datetime,
+        claimed: SagaState | None = None,
     ) -> tuple[OrderView, str]:
-        before = await tx.lock_saga(message.saga_id)
+        """``claimed``: the saga as ``Tx.claim`` read it, when this message made the claim."""
+        before = claimed if claimed is not None else await tx.lock_saga(message.saga_id)
         held_by = order.active_saga_id if order.active_saga_id != message.saga_id else None
         transition = decide(before, message, self.catalog, now, order_held_by=held_by)
         order = convoy.after_apply(order, convoy.command_seq(message))
-        await self._store(tx, before is None, transition, now)
-        await tx.log(message, message.saga_id, transition.note, order.handled)
+        self._store(tx, transition, now)
+        tx.log(message, message.saga_id, transition.note, order.handled)
         return await self._hand_over(tx, order, transition, now), transition.note
 
-    async def _store(self, tx: Tx, new: bool, transition: Transition, now: datetime) -> None:
+    def _store(self, tx: Tx, transition: Transition, now: datetime) -> None:
         state = transition.state
         if state is not None and transition.changed:
-            await tx.save_saga(state, new=new, now=now)
-            await self._deadline(tx, state, transition, now)
-        await tx.outbox(route(self.topology, transition))
+            tx.save_saga(state, now=now)
+            self._deadline(tx, state, transition, now)
+        tx.outbox(route(self.topology, transition))
 
-    async def _deadline(
-        self, tx: Tx, state: SagaState, transition: Transition, now: datetime
-    ) -> None:
+    def _deadline(self, tx: Tx, state: SagaState, transition: Transition, now: datetime) -> None:
         """Each request sent arms the saga's deadline; nothing in flight disarms it."""
         requests = [m for m in transition.out if isinstance(m, ActionRequest)]
         gated = next((s for s in state.steps if s.gate_status == "waiting"), None)
@@ -160,15 +167,15 @@ class Processor:
             forward = req.phase == "forward"
             wait = step.answer_within_s if forward else step.compensation_answer_within_s
             due = now + timedelta(seconds=wait)
-            await tx.arm_deadline(state, req.step, req.phase, req.idempotency_key, req.attempt, due)
+            tx.arm_deadline(state, req.step, req.phase, req.idempotency_key, req.attempt, due)
         elif state.status == "awaiting_approval" and gated is not None and gated.gate is not None:
             due = now + timedelta(seconds=gated.gate.timeout_s)
             key = gate_key(state.saga_id, gated)
-            await tx.arm_deadline(state, gated.index, "gate", key, 1, due)
+            tx.arm_deadline(state, gated.index, "gate", key, 1, due)
         elif not any(
             s.status == "running" or s.compensation_status == "running" for s in state.steps
         ):
-            await tx.disarm_deadline(state.saga_id)
+            tx.disarm_deadline(state.saga_id)
 
     async def _hand_over(
         self, tx: Tx, order: OrderView, transition: Transition, now: datetime
@@ -186,7 +193,7 @@ class Processor:
         if waiting is None:
             return convoy.with_active(order, None)
         started = begin(waiting, now)
-        await self._store(tx, False, started, now)
+        self._store(tx, started, now)
         # The sagas still waiting now wait for this one: their registers say so.
         await tx.waiting_for(order.order_id, waiting.saga_id)
         return convoy.with_active(order, waiting.saga_id)

@@ -13,10 +13,11 @@ import json
 import logging
 from typing import Any
 
+import aio_pika
 import asyncpg
 
 from saga_coordinator.dead_letters import UNROUTABLE_ERRORS, bury_unroutable
-from saga_coordinator.store import RELAY_LOCK, Q, Tx
+from saga_coordinator.store import RELAY_LOCK, Conn, Q, Tx
 from shared.bus import Bus
 from shared.codec import to_amqp
 from shared.config import Settings
@@ -41,25 +42,27 @@ class Relay:
             if not await conn.fetchval(Q.outbox_lock, RELAY_LOCK):
                 return 0
             rows = await conn.fetch(Q.outbox_batch, self.settings.relay_batch)
-            if rows:
-                crash_point("relay.before_publish")
-            for row in rows:
-                message = to_amqp(
-                    row["body"],
-                    message_id=row["message_id"],
-                    message_type=row["message_type"],
-                    order_id=row["order_id"],
-                    headers=json.loads(row["headers"]),
-                )
-                try:
-                    await self.bus.publish_raw(row["exchange"], row["routing_key"], message)
-                except UNROUTABLE_ERRORS as exc:
-                    log.error("outbox row %s cannot be routed: %s", row["id"], exc)
-                    await bury_unroutable(Tx(conn), row, exc)
-            if rows:
-                crash_point("relay.after_publish")
-                await conn.execute(Q.outbox_delete, [r["id"] for r in rows])
+            if not rows:
+                return 0
+            crash_point("relay.before_publish")
+            errors = await self.bus.publish_many(
+                [(r["exchange"], r["routing_key"], _message(r)) for r in rows]
+            )
+            for row, error in zip(rows, errors, strict=True):
+                if error is not None:
+                    # One by one and in order now: an unroutable row may have closed the channel
+                    # under the rows behind it.
+                    await self._publish_alone(conn, row)
+            crash_point("relay.after_publish")
+            await conn.execute(Q.outbox_delete, [r["id"] for r in rows])
             return len(rows)
+
+    async def _publish_alone(self, conn: Conn, row: asyncpg.Record) -> None:
+        try:
+            await self.bus.publish_raw(row["exchange"], row["routing_key"], _message(row))
+        except UNROUTABLE_ERRORS as exc:
+            log.error("outbox row %s cannot be routed: %s", row["id"], exc)
+            await bury_unroutable(Tx(conn), row, exc)
 
     async def drain(self) -> None:
         """Publish until the outbox is empty (used at a graceful stop)."""
@@ -116,3 +119,13 @@ class Relay:
             if sent < self.settings.relay_batch:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.settings.relay_poll_s)
+
+
+def _message(row: asyncpg.Record) -> aio_pika.Message:
+    return to_amqp(
+        row["body"],
+        message_id=row["message_id"],
+        message_type=row["message_type"],
+        order_id=row["order_id"],
+        headers=json.loads(row["headers"]),
+    )

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -60,42 +60,76 @@ class Parked:
     body: bytes
 
 
+@dataclass(frozen=True)
+class Claim:
+    """What ``Tx.claim`` read under the locks."""
+
+    fresh: bool  # False: the inbox already had this message
+    order: OrderView
+    saga: SagaState | None
+
+
+class _Deadline(NamedTuple):
+    order_id: str
+    step: int
+    phase: str
+    key: str
+    attempt: int
+    due_at: datetime | None  # None disarms
+
+
 class Tx:
-    """The statements of one transaction. Created by ``Store.run``."""
+    """The statements of one transaction. Created by ``Store.run``.
+
+    Writes of the hot path (sagas, deadlines, outbox, log, order) are buffered and go as one
+    statement, before the next read and at the end of ``Store.run``: one round trip instead of
+    one per row. A statement sent on ``conn`` directly must not depend on them."""
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
+        self._sagas: dict[str, SagaState] = {}
+        self._deadlines: dict[str, _Deadline] = {}
+        self._outbox: list[OutboxRow] = []
+        self._log: list[tuple[str, str, str, str, str, int | None]] = []
+        self._order: OrderView | None = None
+        self._now: datetime | None = None
 
-    async def inbox_insert(self, message_id: str, saga_id: str) -> bool:
-        return bool(await self.conn.fetchval(Q.inbox_insert, message_id, saga_id))
+    async def claim(self, message: Envelope) -> Claim:
+        """Inbox row, order lock and saga lock in one round trip."""
+        await self.flush()
+        row = await self.conn.fetchrow(
+            Q.claim, message.order_id, message.message_id, message.saga_id
+        )
+        assert row is not None
+        saga = None if row["saga"] is None else SagaState.model_validate_json(row["saga"])
+        return Claim(row["fresh"], _order_view(message.order_id, row), saga)
 
     async def lock_order(self, order_id: str) -> OrderView:
+        await self.flush()
         row = await self.conn.fetchrow(Q.order_lock, order_id)
         assert row is not None
-        blocks = tuple(Block(b["message_id"], b["state"]) for b in json.loads(row["blocks"]))
-        return OrderView(
-            order_id, row["active_saga_id"], row["next_seq"], row["handled"], blocks,
-            row["has_parked"],
-        )  # fmt: skip
+        return _order_view(order_id, row)
 
-    async def save_order(self, order: OrderView) -> None:
-        await self.conn.execute(
-            Q.order_save, order.order_id, order.active_saga_id, order.next_seq, order.handled
-        )
+    def save_order(self, order: OrderView) -> None:
+        self._order = order
 
     async def block(self, order_id: str, message_id: str, state: str, reason: str) -> None:
+        await self.flush()
         await self.conn.execute(FQ.block_upsert, order_id, message_id, state, reason[:2000])
 
     async def unblock(self, order_id: str, message_id: str) -> None:
+        await self.flush()
         await self.conn.execute(Q.block_delete, order_id, message_id)
 
     async def park(self, message: Envelope, seq: int | None, reason: str) -> None:
+        await self.flush()
         body = message.model_dump_json().encode()
         await self.conn.execute(
             Q.park_insert, message.order_id, message.message_id, message.type, seq, reason, body
         )
 
     async def parked(self, order_id: str) -> list[Parked]:
+        await self.flush()
         rows = await self.conn.fetch(Q.parked_for_order, order_id)
         return [
             Parked(r["id"], r["message_id"], r["message_type"], r["seq"], r["reason"], r["body"])
@@ -103,63 +137,77 @@ class Tx:
         ]
 
     async def unpark(self, parked_id: int) -> None:
+        await self.flush()
         await self.conn.execute(Q.parked_delete, parked_id)
 
     async def lock_saga(self, saga_id: str) -> SagaState | None:
+        await self.flush()
         raw = await self.conn.fetchval(Q.saga_lock, saga_id)
         return None if raw is None else SagaState.model_validate_json(raw)
 
     async def next_waiting(self, order_id: str) -> SagaState | None:
+        await self.flush()
         raw = await self.conn.fetchval(Q.waiting_next, order_id)
         return None if raw is None else SagaState.model_validate_json(raw)
 
     async def waiting_for(self, order_id: str, saga_id: str) -> None:
         """The sagas still waiting on an order now wait for ``saga_id``."""
+        await self.flush()
         await self.conn.execute(Q.waiting_for_update, order_id, saga_id)
 
-    async def save_saga(self, state: SagaState, *, new: bool, now: datetime) -> None:
-        body = state.model_dump_json()
-        if new:
-            await self.conn.execute(
-                Q.saga_insert, state.saga_id, state.order_id, state.saga, state.status, body, now
-            )
-        else:
-            await self.conn.execute(Q.saga_update, state.saga_id, state.status, body, now)
+    def save_saga(self, state: SagaState, *, now: datetime) -> None:
+        self._sagas[state.saga_id] = state
+        self._now = now
 
-    async def log(self, message: Envelope, saga_id: str, note: str, seq: int | None) -> None:
-        await self.conn.execute(
-            Q.log_insert, saga_id, message.order_id, message.message_id, message.type, note, seq
-        )
+    def log(self, message: Envelope, saga_id: str, note: str, seq: int | None) -> None:
+        self._log.append((saga_id, message.order_id, message.message_id, message.type, note, seq))
 
-    async def arm_deadline(
+    def arm_deadline(
         self, state: SagaState, step: int, phase: str, key: str, attempt: int, due_at: datetime
     ) -> None:
-        await self.conn.execute(
-            Q.deadline_arm, state.saga_id, state.order_id, step, phase, key, attempt, due_at
-        )
+        armed = _Deadline(state.order_id, step, phase, key, attempt, due_at)
+        self._deadlines[state.saga_id] = armed
 
-    async def disarm_deadline(self, saga_id: str) -> None:
-        await self.conn.execute(Q.deadline_disarm, saga_id)
+    def disarm_deadline(self, saga_id: str) -> None:
+        self._deadlines[saga_id] = _Deadline("", 0, "", "", 0, None)
 
-    async def outbox(self, rows: Sequence[OutboxRow]) -> None:
-        if not rows:
+    def outbox(self, rows: Sequence[OutboxRow]) -> None:
+        self._outbox.extend(rows)
+
+    async def flush(self) -> None:
+        """Send the buffered writes, if any, as one statement."""
+        if not (self._sagas or self._deadlines or self._outbox or self._log or self._order):
             return
-        await self.conn.executemany(
-            Q.outbox_insert,
-            [
-                (
-                    r.exchange,
-                    r.routing_key,
-                    r.message_id,
-                    r.message_type,
-                    r.order_id,
-                    r.body,
-                    json.dumps(r.headers),
-                )
-                for r in rows
-            ],
-        )
-        await self.conn.execute(Q.outbox_notify)
+        sagas, deadlines, out, log_rows, order = (
+            list(self._sagas.values()), self._deadlines, self._outbox, self._log, self._order
+        )  # fmt: skip
+        self._sagas, self._deadlines, self._outbox, self._log, self._order = {}, {}, [], [], None
+        await self.conn.execute(
+            Q.write_batch,
+            [s.saga_id for s in sagas], [s.order_id for s in sagas], [s.saga for s in sagas],
+            [s.status for s in sagas], [s.model_dump_json() for s in sagas], self._now,
+            list(deadlines), *_columns(list(deadlines.values()), 6),
+            *_columns([(r.exchange, r.routing_key, r.message_id, r.message_type, r.order_id,
+                        r.body, json.dumps(r.headers)) for r in out], 7),
+            *_columns(log_rows, 6),
+            None if order is None else order.order_id,
+            None if order is None else order.active_saga_id,
+            None if order is None else order.next_seq,
+            None if order is None else order.handled,
+        )  # fmt: skip
+
+
+def _columns(rows: Sequence[Any], width: int) -> list[list[Any]]:
+    """Rows to the column arrays ``unnest`` takes."""
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
+
+
+def _order_view(order_id: str, row: asyncpg.Record) -> OrderView:
+    blocks = tuple(Block(b["message_id"], b["state"]) for b in json.loads(row["blocks"]))
+    return OrderView(
+        order_id, row["active_saga_id"], row["next_seq"], row["handled"], blocks,
+        row["has_parked"],
+    )  # fmt: skip
 
 
 class Store:
@@ -169,6 +217,21 @@ class Store:
 
     async def run(self, work: Callable[[Tx], Awaitable[T]]) -> T:
         """``work`` in one transaction, retried from the start while the database is away."""
+
+        async def once() -> T:
+            async with self.pool.acquire() as conn, conn.transaction():
+                tx = Tx(conn)
+                result = await work(tx)
+                await tx.flush()
+                return result
+
+        return await self._retrying(once)
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await attempt()  # the common case pays nothing for the retry machinery
+        except TRANSIENT_DB_ERRORS as exc:
+            log.warning("database: %r; retrying for up to %gs", exc, self._db_retry_s)
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
             wait=wait_exponential(multiplier=0.05, max=2.0),
@@ -176,10 +239,9 @@ class Store:
             reraise=True,
         )
         try:
-            async for attempt in retrying:
-                with attempt:
-                    async with self.pool.acquire() as conn, conn.transaction():
-                        return await work(Tx(conn))
+            async for trial in retrying:
+                with trial:
+                    return await attempt()
         except TRANSIENT_DB_ERRORS as exc:
             raise RetryLater(f"database unavailable: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
@@ -204,15 +266,10 @@ class Store:
     async def assign_seq(self, message_id: str, order_id: str) -> int:
         """The order's next command number, or the one this message already got."""
 
-        async def work(tx: Tx) -> int:
-            existing = await tx.conn.fetchval(Q.seq_existing, message_id)
-            if existing is not None:
-                return int(existing)
-            seq = int(await tx.conn.fetchval(Q.seq_next, order_id))
-            await tx.conn.execute(Q.seq_record, message_id, order_id, seq)
-            return seq
+        async def once() -> int:
+            return int(await self.pool.fetchval(Q.seq_assign, message_id, order_id))
 
-        return await self.run(work)
+        return await self._retrying(once)
 
     # --- reads for operators ------------------------------------------------------------------
     async def get(self, saga_id: str) -> SagaState | None:

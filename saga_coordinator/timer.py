@@ -37,8 +37,8 @@ class DeadlineTimer:
                 )
                 key = self.topology.partition_key(message.order_id)
                 out.append(OutboxRow.of(self.topology.partitions_exchange, key, message))
-                await tx.disarm_deadline(message.saga_id)
-            await tx.outbox(out)
+                tx.disarm_deadline(message.saga_id)
+            tx.outbox(out)
             return len(rows)
 
         return await self.store.run(work)

@@ -6,11 +6,12 @@ refusal names the rule (a stable identifier), the step and what is wrong.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, create_model
 
 from shared.catalog import ActionClass, ActionSpec, Catalog, answer_within_s
 from shared.errors import CatalogError, PlanRejected
@@ -167,15 +168,21 @@ def check_catalog(catalog: Catalog, *, source: str = "catalog") -> None:
             ) from None
 
 
+@functools.lru_cache(maxsize=256)
+def _params_model(kinds: tuple[tuple[str, str], ...]) -> type[BaseModel]:
+    """One model per parameter list: building a pydantic model costs more than validating."""
+    fields: dict[str, Any] = {key: (_PY_TYPES[kind], ...) for key, kind in kinds}
+    return create_model("SagaParams", __config__=ConfigDict(extra="forbid"), **fields)
+
+
 def validate_params(
     catalog: Catalog, steps: Sequence[str], params: Mapping[str, Any]
 ) -> tuple[dict[str, Any], ...]:
     """Validate the saga's flat parameters against every step's schema; return each step's own."""
-    fields: dict[str, Any] = {}
+    kinds: dict[str, str] = {}
     for name in steps:
-        for key, kind in catalog.actions[name].params.items():
-            fields[key] = (_PY_TYPES[kind], ...)
-    model = create_model("SagaParams", __config__=ConfigDict(extra="forbid"), **fields)
+        kinds.update(catalog.actions[name].params)
+    model = _params_model(tuple(kinds.items()))
     try:
         clean = model.model_validate(dict(params)).model_dump()
     except ValidationError as exc:

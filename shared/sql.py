@@ -38,3 +38,13 @@ class Queries:
             return self._queries[name]
         except KeyError:
             raise AttributeError(f"{self._path.name} has no query named {name!r}") from None
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """asyncpg's default reset costs a round trip per transaction (``RESET ALL``, ``UNLISTEN
+    *``...). Pool connections here never hold session state: locks are transaction-scoped and
+    LISTEN has a connection of its own. asyncpg still rolls back an unfinished transaction."""
+
+
+async def create_pool(url: str, *, min_size: int, max_size: int) -> asyncpg.Pool:
+    return await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, reset=_keep_session)

@@ -1,0 +1,80 @@
+"""The bus's batch publish keeps the list's order on the wire and reports each message apart."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aio_pika
+import aiormq
+import pytest
+
+from shared.bus import Bus
+from shared.config import Settings
+from tests.integration.helpers import remove_namespace
+
+
+@pytest.fixture
+async def bus(settings: Settings) -> AsyncIterator[Bus]:
+    async with Bus(settings) as connected:
+        await connected.declare()
+        yield connected
+    await remove_namespace(settings)
+
+
+async def test_a_batch_arrives_in_the_order_it_was_given(bus: Bus) -> None:
+    channel = await bus.connection.channel()
+    queue = await channel.declare_queue(exclusive=True)
+    bodies = [f"m{i}".encode() for i in range(300)]
+
+    errors = await bus.publish_many([("", queue.name, aio_pika.Message(b)) for b in bodies])
+
+    assert errors == [None] * len(bodies)
+    received = []
+    async with queue.iterator() as messages:
+        async for message in messages:
+            received.append(message.body)
+            await message.ack()
+            if len(received) == len(bodies):
+                break
+    assert received == bodies
+    await channel.close()
+
+
+async def test_an_unroutable_message_fails_alone_in_its_batch(bus: Bus) -> None:
+    channel = await bus.connection.channel()
+    queue = await channel.declare_queue(exclusive=True)
+    actions = bus.topology.actions_exchange
+    items = [
+        ("", queue.name, aio_pika.Message(b"first")),
+        (actions, "no-such-service", aio_pika.Message(b"lost")),  # mandatory, no queue bound
+        ("", queue.name, aio_pika.Message(b"last")),
+    ]
+
+    first, lost, last = await bus.publish_many(items)
+
+    assert first is None and last is None
+    assert isinstance(lost, aiormq.exceptions.PublishError)
+    got = [await queue.get(timeout=5) for _ in range(2)]
+    assert [m.body for m in got] == [b"first", b"last"]
+    await asyncio.gather(*(m.ack() for m in got))
+    await channel.close()
+
+
+async def test_a_missing_exchange_fails_the_batch_before_anything_is_sent(bus: Bus) -> None:
+    channel = await bus.connection.channel()
+    queue = await channel.declare_queue(exclusive=True)
+    items = [
+        ("", queue.name, aio_pika.Message(b"kept back")),
+        ("no-such-exchange", "x", aio_pika.Message(b"nowhere")),
+    ]
+
+    errors = await bus.publish_many(items)
+
+    assert all(isinstance(e, aiormq.exceptions.ChannelNotFoundEntity) for e in errors)
+    assert await queue.get(fail=False, timeout=1) is None  # nothing was pipelined
+    await bus.publish_raw("", queue.name, aio_pika.Message(b"after"))  # the bus recovered
+    after = await queue.get(timeout=5)
+    assert after.body == b"after"
+    await after.ack()
+    await channel.close()
