@@ -29,7 +29,7 @@ _PARTITION: TypeAdapter[PartitionMessage] = PARTITION
 
 def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
     """Requests to their service's queue, replies to the agent's reply queue, lifecycle events
-    to the public topic exchange under their type."""
+    to the public topic exchange under their type (those ``SAGA_EVENTS`` chose)."""
     rows = []
     for item in transition.out:
         if isinstance(item, Reply):
@@ -37,7 +37,7 @@ def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
         elif isinstance(item, ActionRequest):
             service = item.action.split(".", 1)[0]
             rows.append(OutboxRow.of(topology.actions_exchange, service, item))
-        else:
+        elif topology.publishes(item.type):
             rows.append(OutboxRow.of(topology.events_exchange, item.type, item))
     return rows
 

@@ -86,8 +86,9 @@ SELECT seq FROM existing UNION ALL SELECT last_seq FROM next;
 -- name: saga_lock
 SELECT state::text FROM sagas WHERE saga_id = $1 FOR UPDATE;
 
--- name: outbox_lock
-SELECT pg_try_advisory_xact_lock($1);
+-- name: relay_lead
+-- Session-scoped: the relay keeps it until its connection ends.
+SELECT pg_try_advisory_lock($1);
 
 -- name: outbox_batch
 SELECT id, exchange, routing_key, message_id, message_type, order_id, body, headers::text

@@ -1,8 +1,8 @@
 """The outbox relay: publishes committed outgoing messages in id order, with confirms.
 
-One relay publishes at a time (a transaction-scoped advisory lock), so several coordinator
-processes never reorder one order's messages. A row is deleted only after its confirm; a crash in
-between republishes it, and the receivers absorb the duplicate by message id.
+One relay publishes at a time (a session advisory lock on its own connection), so several
+coordinator processes never reorder one order's messages. A row is deleted only after its
+confirm; a crash in between republishes it, and the receivers absorb the duplicate by message id.
 """
 
 from __future__ import annotations
@@ -33,29 +33,45 @@ class Relay:
         self.pool = pool
         self.bus = bus
         self._wake = asyncio.Event()
+        self._conn: asyncpg.Connection | None = None
+        self._leading = False
 
     def _on_notify(self, *_: Any) -> None:
         self._wake.set()
 
+    async def _lead(self) -> asyncpg.Connection | None:
+        """The relay's own connection while it holds the relay lock, else None. The lock is
+        the session's: held for as long as the connection lives, so a batch costs two
+        statements and no transaction, and it passes to another relay when this one dies."""
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncpg.connect(self.settings.database_url)
+            self._leading = False
+        if not self._leading:
+            self._leading = bool(await self._conn.fetchval(Q.relay_lead, RELAY_LOCK))
+        return self._conn if self._leading else None
+
     async def flush_once(self) -> int:
-        async with self.pool.acquire() as conn, conn.transaction():
-            if not await conn.fetchval(Q.outbox_lock, RELAY_LOCK):
-                return 0
-            rows = await conn.fetch(Q.outbox_batch, self.settings.relay_batch)
-            if not rows:
-                return 0
-            crash_point("relay.before_publish")
-            errors = await self.bus.publish_many(
-                [(r["exchange"], r["routing_key"], _message(r)) for r in rows]
-            )
+        conn = await self._lead()
+        if conn is None:
+            return 0
+        rows = await conn.fetch(Q.outbox_batch, self.settings.relay_batch)
+        if not rows:
+            return 0
+        crash_point("relay.before_publish")
+        errors = await self.bus.publish_many(
+            [(r["exchange"], r["routing_key"], _message(r)) for r in rows]
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            if any(errors):
+                await stack.enter_async_context(conn.transaction())  # a burial and the delete
             for row, error in zip(rows, errors, strict=True):
                 if error is not None:
-                    # One by one and in order now: an unroutable row may have closed the channel
-                    # under the rows behind it.
+                    # One by one and in order now: an unroutable row may have closed the
+                    # channel under the rows behind it.
                     await self._publish_alone(conn, row)
             crash_point("relay.after_publish")
             await conn.execute(Q.outbox_delete, [r["id"] for r in rows])
-            return len(rows)
+        return len(rows)
 
     async def _publish_alone(self, conn: Conn, row: asyncpg.Record) -> None:
         try:
@@ -76,6 +92,10 @@ class Relay:
         finally:
             listen.cancel()
             await asyncio.gather(listen, return_exceptions=True)
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    await self._conn.close()
+                self._conn = None
 
     async def _listen(self) -> None:
         """Keep a LISTEN connection for low latency, reconnecting after a database restart;

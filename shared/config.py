@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,13 @@ class Settings:
     db_retry_s: float = 600.0
     # On SIGTERM, how long the deliveries in hand may take to finish before the process exits.
     stop_grace_s: float = 30.0
+    # Which lifecycle events go to the public events exchange: comma-separated patterns of
+    # event types. "saga.*" keeps the saga's own events and drops the per-step ones (about
+    # half the messages of a saga); the register in Postgres records every step either way.
+    events: str = "*"
 
     def __post_init__(self) -> None:
+        self._check_events()
         if not _NAMESPACE.match(self.namespace):
             raise ConfigError(
                 f"SAGA_NAMESPACE {self.namespace!r}: use [a-z][a-z0-9_-]*, at most 41"
@@ -67,6 +73,16 @@ class Settings:
             if not 0 < getattr(self, name) <= 3600:
                 raise ConfigError(
                     f"SAGA_{name.upper()}={getattr(self, name)}: must be in (0, 3600]"
+                )
+
+    def _check_events(self) -> None:
+        from shared.messages import EVENT_TYPES  # messages do not need the settings
+
+        for pattern in (p.strip() for p in self.events.split(",")):
+            if pattern and not any(fnmatchcase(t, pattern) for t in EVENT_TYPES):
+                raise ConfigError(
+                    f"SAGA_EVENTS: {pattern!r} matches no event type "
+                    f"(known: {', '.join(EVENT_TYPES)})"
                 )
 
     @classmethod

@@ -8,7 +8,7 @@ AMQP messages and back.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
@@ -226,6 +226,7 @@ EventType = Literal[
     "saga.awaiting_approval",
     "saga.approved",
 ]
+EVENT_TYPES: tuple[str, ...] = get_args(EventType)
 
 
 class SagaEvent(Envelope):

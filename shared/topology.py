@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 from aio_pika.abc import AbstractChannel, ExchangeType
@@ -23,16 +24,29 @@ def partition_of(order_id: str, partitions: int) -> int:
     return zlib.crc32(order_id.encode()) % partitions
 
 
+def event_patterns(text: str) -> tuple[str, ...]:
+    """``SAGA_EVENTS``: comma-separated patterns of event types, e.g. ``saga.*,step.failed``."""
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
 @dataclass(frozen=True)
 class Topology:
     namespace: str
     partitions: int
     delivery_limit: int
     services: tuple[str, ...] = SERVICES
+    # Patterns (fnmatch) of the lifecycle events published; "*": all of them.
+    events: tuple[str, ...] = ("*",)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Topology:
-        return cls(settings.namespace, settings.partitions, settings.delivery_limit)
+        return cls(
+            settings.namespace, settings.partitions, settings.delivery_limit,
+            events=event_patterns(settings.events),
+        )  # fmt: skip
+
+    def publishes(self, event_type: str) -> bool:
+        return any(fnmatchcase(event_type, pattern) for pattern in self.events)
 
     # --- names ---------------------------------------------------------------------------------
     @property

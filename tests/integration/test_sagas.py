@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import asyncpg
 import pytest
+from aio_pika.abc import AbstractIncomingMessage
 from pydantic import JsonValue
 
 from saga_coordinator.app import Stack
 from saga_coordinator.register import SagaState
 from services.effects import effects_for_order
 from services.faults import add_fault, clear_faults
+from shared.bus import Bus
 from shared.client import CommandRejected, SagaClient
+from shared.config import Settings
 from shared.messages import Plan, PlanStep
-from tests.integration.helpers import consumers_of, eventually
+from tests.integration.helpers import consumers_of, eventually, remove_namespace, terminal
 
 REFUND: dict[str, JsonValue] = {
     "sku": "SKU-1",
@@ -241,3 +247,27 @@ async def test_a_consumer_the_broker_cancelled_subscribes_again(
     await eventually(lambda: consumers_of(stack.bus, name), lambda n: n >= 1, seconds=20)
     state = await run_saga(client, stack, "refund", order_id, REFUND)
     assert state.status == "completed"
+
+
+async def test_saga_events_setting_publishes_only_the_chosen_events(
+    settings: Settings, order_id: str
+) -> None:
+    chosen = settings.with_(events="saga.*")
+    async with Stack(chosen) as running, Bus(chosen) as bus, SagaClient(bus) as agent:
+        channel = await bus.connection.channel()
+        tap = await channel.declare_queue(exclusive=True, auto_delete=True)
+        await tap.bind(bus.topology.events_exchange, routing_key="#")
+        seen: list[str] = []
+
+        async def keep(message: AbstractIncomingMessage) -> None:
+            seen.append(json.loads(message.body)["type"])
+
+        await tap.consume(keep, no_ack=True)
+        saga = await agent.start("refund", order_id=order_id, params=REFUND)
+        state = await terminal(running, saga)
+        await eventually(lambda: asyncio.sleep(0, seen), lambda s: "saga.completed" in s)
+        await channel.close()
+    await remove_namespace(chosen)
+
+    assert state.status == "completed" and len(state.steps) == 3  # the register has every step
+    assert seen == ["saga.started", "saga.completed"]

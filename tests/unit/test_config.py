@@ -211,3 +211,20 @@ def test_catalog_file_follows_the_setting(tmp_path: Path) -> None:
     s = Settings.from_env({"SAGA_CATALOG_PATH": str(target)})
 
     assert s.catalog_file == target
+
+
+def test_events_select_which_lifecycle_events_are_published() -> None:
+    from shared.topology import Topology
+
+    lifecycle = Topology.from_settings(Settings.from_env({"SAGA_EVENTS": "saga.*, step.failed"}))
+    everything = Topology.from_settings(Settings())
+
+    assert lifecycle.publishes("saga.completed") and lifecycle.publishes("step.failed")
+    assert not lifecycle.publishes("step.started") and not lifecycle.publishes("step.done")
+    assert everything.publishes("step.started")
+    assert not Topology.from_settings(Settings(events="")).publishes("saga.completed")
+
+
+def test_an_event_pattern_matching_nothing_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigError, match=r"SAGA_EVENTS: 'sage\.\*' matches no event type"):
+        Settings.from_env({"SAGA_EVENTS": "saga.completed,sage.*"})
