@@ -1,43 +1,82 @@
-"""``python -m benchmarks [--sagas N] [--concurrency C ...] [--smoke]``"""
+"""``python -m benchmarks``: the whole measurement (ceiling, concurrency sweep, 1 versus 2
+coordinators, growth with stored sagas, the DBOS peer), then the report and plots.
+``--smoke`` runs a few sagas only, to keep the harness working in CI."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.harness import Result, report, run_benchmark, summary_line
+from benchmarks.ceiling import broker_ceiling
+from benchmarks.harness import Plan, Result, run_benchmark
+from benchmarks.report import Findings, write
 from shared.config import Settings
+
+
+def _line(r: Result) -> str:
+    p = r.plan
+    return (f"{p.mix} x{p.sagas} c={p.concurrency} coordinators={p.coordinators} "
+            f"stored={p.preload:,}: {r.rate:.1f} sagas/s, p50 {r.percentile(50):.1f} ms, "
+            f"p99 {r.percentile(99):.1f} ms, {r.messages_per_saga:.1f} msgs/saga, "
+            f"{r.transactions_per_saga:.1f} tx/saga, {r.outcomes}")  # fmt: skip
+
+
+async def _run(settings: Settings, plan: Plan) -> Result:
+    result = await run_benchmark(settings, plan)
+    print(_line(result), flush=True)
+    if sum(result.outcomes.values()) != plan.sagas:
+        raise SystemExit(f"not every saga finished: {result.outcomes}")
+    return result
+
+
+async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
+    processes = max(args.coordinators) + 2  # coordinators, the adapters, the agents' load
+    ceiling = await broker_ceiling(settings.amqp_url, args.ceiling_messages, processes)
+    print(f"raw broker ceiling: {ceiling:.0f} msgs/s from {processes} processes", flush=True)
+    sweep = [await _run(settings, Plan(args.sagas, c)) for c in args.concurrency]
+    busiest = max(args.concurrency)
+    base = Plan(args.sagas, busiest)
+    findings = Findings(ceiling, processes, sweep)
+    for n in args.coordinators:
+        if n != 1:
+            findings.scaling.append(await _run(settings, replace(base, coordinators=n)))
+    if args.stored:
+        findings.growth.append(await _run(settings, replace(base, preload=args.stored)))
+    for c in args.peer_concurrency:
+        findings.ours_refund.append(await _run(settings, Plan(args.sagas, c, mix="refund")))
+    if args.peer_concurrency and not args.no_peer:
+        from benchmarks.peer_dbos import run_dbos
+
+        for c in args.peer_concurrency:
+            peer = await run_dbos(settings.database_url, args.sagas, c)
+            print(f"{peer.name} c={c}: {peer.rate:.1f} sagas/s, p50 {peer.percentile(50):.1f} ms")
+            findings.peer = [*findings.peer, peer]
+    return findings
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("--sagas", type=int, default=500)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--coordinators", type=int, default=1)
-    parser.add_argument("--ceiling-messages", type=int, default=20000)
-    parser.add_argument("--out", default="benchmarks/results/report.md")
+    parser.add_argument("--sagas", type=int, default=600, help="sagas per run")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--coordinators", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--stored", type=int, default=1_000_000,
+                        help="finished sagas stored for the growth run (0: none)")  # fmt: skip
+    parser.add_argument("--peer-concurrency", type=int, nargs="*", default=[1, 16])
+    parser.add_argument("--no-peer", action="store_true", help="skip DBOS (no bench extra)")
+    parser.add_argument("--ceiling-messages", type=int, default=30000)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--smoke", action="store_true", help="a few sagas, no report")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
     settings = Settings.from_env()
     if args.smoke:
-        result = asyncio.run(run_benchmark(settings, 6, 3, 1, 500))
-        print(summary_line(result))
-        if sum(result.outcomes.values()) != 6:
-            raise SystemExit("smoke benchmark: not every saga finished")
+        asyncio.run(_run(settings, Plan(6, 3)))
         return
-    results: list[Result] = []
-    for i, concurrency in enumerate(args.concurrency):
-        ceiling = args.ceiling_messages if i == 0 else 0
-        result = asyncio.run(
-            run_benchmark(settings, args.sagas, concurrency, args.coordinators, ceiling)
-        )
-        if results:  # one ceiling measurement serves the whole run
-            result.ceiling_msgs_per_s = results[0].ceiling_msgs_per_s
-        print(summary_line(result))
-        results.append(result)
-    Path(args.out).write_text(report(results))
-    print(f"wrote {args.out}")
+    findings = asyncio.run(measure(settings, args))
+    print(f"wrote {write(findings, args.out)}")
 
 
 if __name__ == "__main__":
