@@ -30,6 +30,9 @@ class OrderView:
     handled: int
     blocks: tuple[Block, ...] = ()
     has_parked: bool = False  # as read under the lock; parking sets it, draining may clear it
+    # Sagas queue behind the active one, as read under the lock; a saga that starts waiting
+    # sets it. Unknown counts as yes: the hand-over then looks.
+    has_waiting: bool = True
 
 
 class Verdict(StrEnum):

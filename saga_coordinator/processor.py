@@ -146,6 +146,8 @@ class Processor:
         held_by = order.active_saga_id if order.active_saga_id != message.saga_id else None
         transition = decide(before, message, self.catalog, now, order_held_by=held_by)
         order = convoy.after_apply(order, convoy.command_seq(message))
+        if transition.state is not None and transition.state.status == "waiting":
+            order = replace(order, has_waiting=True)
         self._store(tx, transition, now)
         tx.log(message, message.saga_id, transition.note, order.handled)
         return await self._hand_over(tx, order, transition, now), transition.note
@@ -189,7 +191,8 @@ class Processor:
             return convoy.with_active(order, state.saga_id)
         if state.saga_id != order.active_saga_id or state.status not in TERMINAL:
             return order
-        waiting = await tx.next_waiting(order.order_id)
+        # Most orders have no saga queued: skip the query (and the flush it would force).
+        waiting = await tx.next_waiting(order.order_id) if order.has_waiting else None
         if waiting is None:
             return convoy.with_active(order, None)
         started = begin(waiting, now)

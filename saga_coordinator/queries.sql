@@ -20,6 +20,7 @@ RETURNING active_saga_id, next_seq, handled,
                                ORDER BY b.created_at, b.message_id), '[]'::jsonb)
      FROM order_blocks b WHERE b.order_id = $1)::text AS blocks,
     EXISTS (SELECT 1 FROM parked p WHERE p.order_id = $1) AS has_parked,
+    EXISTS (SELECT 1 FROM sagas w WHERE w.order_id = $1 AND w.status = 'waiting') AS has_waiting,
     coalesce((SELECT fresh FROM fresh), false) AS fresh,
     (SELECT state::text FROM sagas WHERE saga_id = $3 FOR UPDATE) AS saga;
 
@@ -134,7 +135,8 @@ RETURNING active_saga_id, next_seq, handled,
     (SELECT coalesce(jsonb_agg(jsonb_build_object('message_id', b.message_id, 'state', b.state)
                                ORDER BY b.created_at, b.message_id), '[]'::jsonb)
      FROM order_blocks b WHERE b.order_id = $1)::text AS blocks,
-    EXISTS (SELECT 1 FROM parked p WHERE p.order_id = $1) AS has_parked;
+    EXISTS (SELECT 1 FROM parked p WHERE p.order_id = $1) AS has_parked,
+    EXISTS (SELECT 1 FROM sagas w WHERE w.order_id = $1 AND w.status = 'waiting') AS has_waiting;
 
 -- name: order_get
 SELECT order_id, active_saga_id, next_seq, handled, updated_at FROM orders WHERE order_id = $1;

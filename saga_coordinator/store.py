@@ -206,7 +206,7 @@ def _order_view(order_id: str, row: asyncpg.Record) -> OrderView:
     blocks = tuple(Block(b["message_id"], b["state"]) for b in json.loads(row["blocks"]))
     return OrderView(
         order_id, row["active_saga_id"], row["next_seq"], row["handled"], blocks,
-        row["has_parked"],
+        row["has_parked"], row["has_waiting"],
     )  # fmt: skip
 
 

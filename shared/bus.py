@@ -33,6 +33,7 @@ class Bus:
         self._connection: AbstractRobustConnection | None = None
         self._publisher: AbstractChannel | None = None
         self._exchanges: dict[str, AbstractExchange] = {}
+        self._proven: set[str] = set()  # exchanges a publish reached (see publish_many)
 
     async def connect(self) -> None:
         self._connection = await aio_pika.connect_robust(
@@ -79,9 +80,7 @@ class Bus:
             return self._publisher.default_exchange
         exchange = self._exchanges.get(name)
         if exchange is None:
-            # Checked once (a passive declare): a missing exchange fails here, before anything is
-            # pipelined behind a publish the broker would answer by closing the channel.
-            exchange = await self._publisher.get_exchange(name, ensure=True)
+            exchange = await self._publisher.get_exchange(name, ensure=False)
             self._exchanges[name] = exchange
         return exchange
 
@@ -95,6 +94,7 @@ class Bus:
             mandatory=self._mandatory(exchange),
             timeout=self.settings.publish_timeout_s,
         )
+        self._proven.add(exchange)
 
     def _mandatory(self, exchange: str) -> bool:
         return exchange not in ("", self.topology.events_exchange)
@@ -102,16 +102,37 @@ class Bus:
     async def publish_many(
         self, items: Sequence[tuple[str, str, aio_pika.Message]]
     ) -> list[BaseException | None]:
-        """Publish a batch in one confirm round trip rather than one per message; the result
-        says, per item, ``None`` (confirmed) or the error (all of them when an exchange is
-        missing). Order on the wire is the list's:
-        every exchange is resolved before the first publish, so each publish runs straight to
-        aiormq's channel lock (FIFO), which writes its frames before the next one's."""
-        try:
-            targets = [await self._exchange(exchange) for exchange, _, _ in items]
-        except aio_pika.exceptions.AMQPError as exc:
-            return [exc] * len(items)  # nothing was published
-        results = await asyncio.gather(
+        """Publish a batch, each in the list's order, and say per item ``None`` (confirmed) or
+        the error. Publishes to exchanges that have confirmed one before are pipelined: one
+        confirm round trip for the lot. A publish to any other exchange goes alone: were the
+        exchange missing, the broker would close the channel, and a publish already sent
+        behind it would turn that into closing the whole connection."""
+        results: list[BaseException | None] = []
+        run: list[tuple[str, str, aio_pika.Message]] = []
+        for item in items:
+            if item[0] in self._proven:
+                run.append(item)
+                continue
+            results += await self._pipeline(run)
+            run = []
+            results += await self._pipeline([item])
+        return results + await self._pipeline(run)
+
+    async def _pipeline(
+        self, items: Sequence[tuple[str, str, aio_pika.Message]]
+    ) -> list[BaseException | None]:
+        if len(items) <= 1:
+            try:
+                for item in items:
+                    await self.publish_raw(*item)
+                return [None] * len(items)
+            except Exception as exc:
+                return [exc]
+        # Exchanges first (a closed channel is reopened here, once): then each publish runs
+        # straight to aiormq's channel lock (FIFO), which writes its frames before the next
+        # one's, so the order on the wire is the list's.
+        targets = [await self._exchange(exchange) for exchange, _, _ in items]
+        done = await asyncio.gather(
             *(
                 target.publish(
                     message,
@@ -123,7 +144,7 @@ class Bus:
             ),
             return_exceptions=True,
         )
-        return [r if isinstance(r, BaseException) else None for r in results]
+        return [r if isinstance(r, BaseException) else None for r in done]
 
     async def publish(self, exchange: str, routing_key: str, message: Envelope) -> None:
         await self.publish_raw(exchange, routing_key, message_to_amqp(message))

@@ -124,6 +124,11 @@ async def remove_namespace(settings: Settings) -> None:
             await bus.topology.delete(channel)
         finally:
             await channel.close()
+    await forget_outbox(settings)
+
+
+async def forget_outbox(settings: Settings) -> None:
+    """Drop the outbox rows addressed to a test's namespace (see ``remove_namespace``)."""
     prefix = f"{settings.namespace}."
     conn = await asyncpg.connect(settings.database_url)
     try:

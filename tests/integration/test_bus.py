@@ -61,20 +61,25 @@ async def test_an_unroutable_message_fails_alone_in_its_batch(bus: Bus) -> None:
     await channel.close()
 
 
-async def test_a_missing_exchange_fails_the_batch_before_anything_is_sent(bus: Bus) -> None:
+async def test_a_missing_exchange_fails_alone_and_the_connection_survives(bus: Bus) -> None:
     channel = await bus.connection.channel()
     queue = await channel.declare_queue(exclusive=True)
-    items = [
-        ("", queue.name, aio_pika.Message(b"kept back")),
-        ("no-such-exchange", "x", aio_pika.Message(b"nowhere")),
-    ]
+    await bus.publish_raw("", queue.name, aio_pika.Message(b"proven"))  # the default exchange
+    items = [("", queue.name, aio_pika.Message(f"before-{i}".encode())) for i in range(20)]
+    items.append(("no-such-exchange", "x", aio_pika.Message(b"nowhere")))
+    items += [("", queue.name, aio_pika.Message(f"after-{i}".encode())) for i in range(20)]
 
     errors = await bus.publish_many(items)
 
-    assert all(isinstance(e, aiormq.exceptions.ChannelNotFoundEntity) for e in errors)
-    assert await queue.get(fail=False, timeout=1) is None  # nothing was pipelined
-    await bus.publish_raw("", queue.name, aio_pika.Message(b"after"))  # the bus recovered
-    after = await queue.get(timeout=5)
-    assert after.body == b"after"
-    await after.ack()
+    assert isinstance(errors[20], aiormq.exceptions.ChannelNotFoundEntity)
+    assert errors[:20] == [None] * 20 and errors[21:] == [None] * 20
+    bodies = []
+    for _ in range(41):
+        message = await queue.get(timeout=5)
+        bodies.append(message.body.decode())
+        await message.ack()
+    assert bodies == ["proven"] + [f"before-{i}" for i in range(20)] + [
+        f"after-{i}" for i in range(20)
+    ]
+    assert not bus.connection.is_closed
     await channel.close()
