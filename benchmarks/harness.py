@@ -108,12 +108,14 @@ async def _start_processes(
         "SAGA_PARTITIONS": str(settings.partitions),
         "SAGA_LOG_LEVEL": "WARNING",
     }
-    groups = [[f"coordinator-{n}", "coordinator"] for n in range(coordinators)]
-    groups.append(["adapters", "inventory", "erp", "payments", "email"])
+    # Each coordinator takes its share of the partitions and stands by for the others.
+    groups = [(f"coordinator-{n}", {"SAGA_COORDINATOR_SHARE": f"{n}/{coordinators}"},
+               ["coordinator"]) for n in range(coordinators)]  # fmt: skip
+    groups.append(("adapters", {}, ["inventory", "erp", "payments", "email"]))
     procs = []
-    for name, *components in groups:
+    for name, own, components in groups:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "saga_coordinator.cli", "run", *components, env=env,
+            sys.executable, "-m", "saga_coordinator.cli", "run", *components, env=env | own,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         procs.append((name, proc))

@@ -43,6 +43,7 @@ class Stack:
         self._pool: asyncpg.Pool | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._relay: Relay | None = None
+        self.coordinator: Coordinator | None = None
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -71,8 +72,8 @@ class Stack:
         runners = []
         if "coordinator" in self.components:
             runners.append(("intake", Intake(self.settings, self.catalog, self.bus, store).run()))
-            coordinator = Coordinator(self.settings, self.catalog, self.bus, store)
-            runners.append(("coordinator", coordinator.run()))
+            self.coordinator = Coordinator(self.settings, self.catalog, self.bus, store)
+            runners.append(("coordinator", self.coordinator.run()))
             self._relay = Relay(self.settings, self._pool, self.bus)
             runners.append(("relay", self._relay.run()))
             ingester = DeadLetterIngester(self.settings, self.bus, store)

@@ -37,18 +37,35 @@ class Coordinator:
         log.debug("%s %s %s: %s", message.order_id, message.saga_id, message.type, note)
 
     async def run(self, partitions: Sequence[int] | None = None) -> None:
-        """Consume every partition (each sequentially, all in parallel) until cancelled."""
+        """Consume every partition (each sequentially, all in parallel) until cancelled.
+
+        Each partition has a single active consumer: the first subscribed. With several
+        coordinator processes, each subscribes first to its share (``SAGA_COORDINATOR_SHARE``,
+        ``k/n``: the partitions ``p % n == k``) and to the others only ``standby_after_s`` later,
+        so the processes split the partitions and each stands by for the rest."""
         indexes = range(self.settings.partitions) if partitions is None else partitions
+        mine, others = share_of(self.settings.coordinator_share, indexes)
         async with asyncio.TaskGroup() as group:
-            for index in indexes:
-                queue = self.bus.topology.partition_queue(index)
-                group.create_task(
-                    self.bus.consume(
-                        queue,
-                        self.handle,
-                        prefetch=self.settings.partition_prefetch,
-                        mode="sequential",
-                        on_failure=failure_recorder(self.store.pool, queue, block_order=True),
-                    ),
-                    name=f"partition-{index}",
-                )
+            for index in mine:
+                group.create_task(self._consume(index), name=f"partition-{index}")
+            if others:
+                await asyncio.sleep(self.settings.standby_after_s)
+            for index in others:
+                group.create_task(self._consume(index), name=f"partition-{index}")
+
+    async def _consume(self, index: int) -> None:
+        queue = self.bus.topology.partition_queue(index)
+        await self.bus.consume(
+            queue,
+            self.handle,
+            prefetch=self.settings.partition_prefetch,
+            mode="sequential",
+            on_failure=failure_recorder(self.store.pool, queue, block_order=True),
+        )
+
+
+def share_of(share: str, indexes: Sequence[int]) -> tuple[list[int], list[int]]:
+    """``"k/n"`` -> (the partitions this process takes first, the ones it stands by for)."""
+    k, n = (int(x) for x in share.split("/"))
+    mine = [i for i in indexes if i % n == k]
+    return mine, [i for i in indexes if i % n != k]

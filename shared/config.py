@@ -17,6 +17,7 @@ from typing import Any
 from shared.errors import ConfigError
 
 _NAMESPACE = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
+_SHARE = re.compile(r"^(\d+)/(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -47,9 +48,18 @@ class Settings:
     # event types. "saga.*" keeps the saga's own events and drops the per-step ones (about
     # half the messages of a saga); the register in Postgres records every step either way.
     events: str = "*"
+    # With n coordinator processes, give each its own k/n: it takes the partitions p % n == k
+    # and stands by for the others (subscribed standby_after_s later). "0/1": all of them.
+    coordinator_share: str = "0/1"
+    standby_after_s: float = 2.0
 
     def __post_init__(self) -> None:
         self._check_events()
+        share = _SHARE.match(self.coordinator_share)
+        if share is None or not int(share[1]) < int(share[2]) <= 1024:
+            raise ConfigError(
+                f"SAGA_COORDINATOR_SHARE {self.coordinator_share!r}: write k/n with 0 <= k < n"
+            )
         if not _NAMESPACE.match(self.namespace):
             raise ConfigError(
                 f"SAGA_NAMESPACE {self.namespace!r}: use [a-z][a-z0-9_-]*, at most 41"
@@ -69,6 +79,7 @@ class Settings:
             "watchdog_s",
             "deadline_poll_s",
             "stop_grace_s",
+            "standby_after_s",
         ):
             if not 0 < getattr(self, name) <= 3600:
                 raise ConfigError(

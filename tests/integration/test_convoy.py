@@ -7,18 +7,21 @@ import itertools
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
 import pytest
+from aio_pika.abc import AbstractIncomingMessage
 
 from saga_coordinator.app import Stack
 from saga_coordinator.register import SagaState
 from shared.bus import Bus
+from shared.client import SagaClient
 from shared.config import Settings
 from shared.messages import AbortSaga, AnyCommand, StartSaga
-from tests.integration.helpers import REFUND, eventually, remove_namespace, saga_env
+from shared.topology import partition_of
+from tests.integration.helpers import REFUND, eventually, remove_namespace, saga_env, terminal
 
 ORDERS = 200
 
@@ -27,12 +30,14 @@ ORDERS = 200
 async def two_coordinators(
     settings: Settings, tmp_path: Path
 ) -> AsyncIterator[list[asyncio.subprocess.Process]]:
-    """Two real `saga run coordinator` processes, beside in-process adapters."""
+    """Two real `saga run coordinator` processes splitting the partitions, beside in-process
+    adapters."""
     adapters = Stack(settings, ["inventory", "erp", "payments", "email"])
     await adapters.start()
-    env = saga_env(settings)
     procs = []
     for n in range(2):
+        # each takes half the partitions and stands by for the other half
+        env = {**saga_env(settings), "SAGA_COORDINATOR_SHARE": f"{n}/2"}
         log = (tmp_path / f"coordinator-{n}.log").open("wb")
         procs.append(
             await asyncio.create_subprocess_exec(
@@ -123,3 +128,55 @@ async def test_per_order_handling_order_equals_publish_order(
             began = min(x.started_at for x in later.steps if x.started_at is not None)
             assert earlier.finished_at is not None
             assert began >= earlier.finished_at, f"{later.saga_id} overlaps {earlier.saga_id}"
+
+
+async def test_coordinators_split_the_partitions_and_stand_by_for_each_other(
+    settings: Settings,
+) -> None:
+    quick = settings.with_(standby_after_s=0.5)
+    handled: dict[str, set[str]] = {"a": set(), "b": set()}
+    stacks = {
+        name: Stack(quick.with_(coordinator_share=share), ["coordinator"])
+        for name, share in (("a", "0/2"), ("b", "1/2"))
+    }
+    adapters = Stack(quick, ["inventory", "erp", "payments", "email"])
+    for name, stack in stacks.items():
+        await stack.start()
+        coordinator = stack.coordinator
+        assert coordinator is not None
+        coordinator.handle = recording(coordinator.handle, handled[name])  # type: ignore[method-assign,assignment]
+    await adapters.start()
+    try:
+        await asyncio.sleep(1.0)  # both stand by for the other's partitions now
+        await run_one_saga_per_partition(stacks["a"], quick)
+        assert handled == {"a": {"0", "2"}, "b": {"1", "3"}}
+
+        await stacks["a"].stop()  # b's standby consumers take a's partitions
+        handled["b"].clear()
+        await run_one_saga_per_partition(stacks["b"], quick)
+        assert handled["b"] == {"0", "1", "2", "3"}
+    finally:
+        for stack in (*stacks.values(), adapters):
+            await stack.stop()
+        await remove_namespace(quick)
+
+
+def recording(
+    handle: Callable[[AbstractIncomingMessage], Awaitable[None]], seen: set[str]
+) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+    async def wrapped(delivery: AbstractIncomingMessage) -> None:
+        seen.add(delivery.routing_key or "")
+        await handle(delivery)
+
+    return wrapped
+
+
+async def run_one_saga_per_partition(stack: Stack, settings: Settings) -> None:
+    orders: dict[int, str] = {}
+    while len(orders) < settings.partitions:
+        order_id = f"order-{uuid.uuid4().hex[:10]}"
+        orders.setdefault(partition_of(order_id, settings.partitions), order_id)
+    async with Bus(settings) as bus, SagaClient(bus) as agent:
+        sagas = [await agent.start("refund", order_id=o, params=REFUND) for o in orders.values()]
+        for saga in sagas:
+            assert (await terminal(stack, saga)).status == "completed"

@@ -228,3 +228,16 @@ def test_events_select_which_lifecycle_events_are_published() -> None:
 def test_an_event_pattern_matching_nothing_is_refused_naming_it() -> None:
     with pytest.raises(ConfigError, match=r"SAGA_EVENTS: 'sage\.\*' matches no event type"):
         Settings.from_env({"SAGA_EVENTS": "saga.completed,sage.*"})
+
+
+def test_a_coordinator_share_is_k_of_n() -> None:
+    from saga_coordinator.coordinator import share_of
+
+    assert share_of(Settings(coordinator_share="1/3").coordinator_share, range(8)) == (
+        [1, 4, 7],
+        [0, 2, 3, 5, 6],
+    )
+    assert share_of("0/1", range(4)) == ([0, 1, 2, 3], [])
+    for bad in ("2/2", "1", "a/b", "0/0"):
+        with pytest.raises(ConfigError, match="SAGA_COORDINATOR_SHARE"):
+            Settings(coordinator_share=bad)
