@@ -136,7 +136,9 @@ class Relay:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            if sent < self.settings.relay_batch:
+            if not self._leading:  # another relay publishes: ask again later, not per commit
+                await asyncio.sleep(self.settings.relay_poll_s)
+            elif sent < self.settings.relay_batch:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.settings.relay_poll_s)
 
