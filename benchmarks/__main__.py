@@ -36,8 +36,11 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
     processes = max(args.coordinators) + 2  # coordinators, the adapters, the agents' load
     ceiling = await broker_ceiling(settings.amqp_url, args.ceiling_messages, processes)
     print(f"raw broker ceiling: {ceiling:.0f} msgs/s from {processes} processes", flush=True)
-    sweep = [await _run(settings, Plan(args.sagas, c)) for c in args.concurrency]
     busiest = max(args.concurrency)
+    sweep = [
+        await _run(settings, Plan(args.sagas, c, profile=c == busiest and not args.no_profile))
+        for c in args.concurrency
+    ]
     base = Plan(args.sagas, busiest)
     findings = Findings(ceiling, processes, sweep)
     for n in args.coordinators:
@@ -66,6 +69,7 @@ def main() -> None:
                         help="finished sagas stored for the growth run (0: none)")  # fmt: skip
     parser.add_argument("--peer-concurrency", type=int, nargs="*", default=[1, 16])
     parser.add_argument("--no-peer", action="store_true", help="skip DBOS (no bench extra)")
+    parser.add_argument("--no-profile", action="store_true", help="no py-spy sampling")
     parser.add_argument("--ceiling-messages", type=int, default=30000)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--smoke", action="store_true", help="a few sagas, no report")

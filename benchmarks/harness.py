@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 
 from benchmarks.load import Mix, inject_faults, new_run_id, run_load
+from benchmarks.profile import Profile, record
 from shared.bus import Bus
 from shared.config import Settings
 from shared.migrations import drop_database, migrate
@@ -22,6 +24,7 @@ from shared.sql import Queries
 
 Q = Queries(Path(__file__).with_name("harness.sql"))
 SETTLE_S = 3.0  # the processes connect and subscribe
+PROFILE_S = 6.0
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class Plan:
     coordinators: int = 1
     mix: Mix = "mixed"
     preload: int = 0  # finished sagas stored before the run
+    profile: bool = False  # sample the coordinator and the adapters with py-spy meanwhile
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Result:
     transactions_per_saga: float
     cpu_ms_per_saga: dict[str, float]  # per process, and the broker's and database's
     notes: list[str] = field(default_factory=list)
+    profiles: list[Profile] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -130,6 +135,14 @@ async def _stop(procs: list[tuple[str, asyncio.subprocess.Process]]) -> None:
         await proc.wait()
 
 
+async def _profile(procs: list[tuple[str, asyncio.subprocess.Process]]) -> list[Profile]:
+    """A few seconds of samples from the middle of the load (the run must last longer)."""
+    await asyncio.sleep(2.0)
+    pids = {name: p.pid for name, p in procs if name in ("coordinator-0", "adapters")}
+    with tempfile.TemporaryDirectory() as scratch:
+        return await record(pids, PROFILE_S, Path(scratch))
+
+
 async def _counters(database_url: str) -> dict[str, int]:
     conn = await asyncpg.connect(database_url)
     try:
@@ -181,8 +194,10 @@ async def _measure(settings: Settings, run: str, plan: Plan, notes: list[str]) -
         await asyncio.sleep(1.0)
         before = await _counters(settings.database_url)
         meter = CpuMeter(procs)
+        sampling = asyncio.create_task(_profile(procs)) if plan.profile else None
         load = await run_load(settings, run, plan.sagas, plan.concurrency, plan.mix)
         cpu = meter.used()
+        profiles = await sampling if sampling is not None else []
     finally:
         await _stop(procs)
     await asyncio.sleep(1.0)  # the stopped backends' last counters reach the statistics
@@ -196,5 +211,5 @@ async def _measure(settings: Settings, run: str, plan: Plan, notes: list[str]) -
         messages_per_saga=messages / plan.sagas,
         transactions_per_saga=delta["transactions"] / plan.sagas,
         cpu_ms_per_saga={k: round(v / plan.sagas * 1000, 2) for k, v in cpu.items()},
-        notes=notes,
+        notes=notes, profiles=profiles,
     )  # fmt: skip

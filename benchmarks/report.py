@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from benchmarks.harness import Result
+from benchmarks.profile import markdown as profile_markdown
 
 # Targets from the issue, on this 2-core machine with every guarantee on.
 TARGET_RATE = 500.0
@@ -136,6 +137,11 @@ def markdown(f: Findings, plots: Sequence[str]) -> str:
     if f.peer:
         lines += ["## Beside DBOS Transact (refunds only, one in ten compensated)", "",
                   *peer_table(f.ours_refund, f.peer), ""]  # fmt: skip
+    for r in f.sweep:
+        if r.profiles:
+            lines += [f"## Where the time goes (py-spy, concurrency {r.plan.concurrency})", "",
+                      "Share of samples: in the function itself, and under each function of "
+                      "ours with what it calls.", "", *profile_markdown(r.profiles)]  # fmt: skip
     notes = sorted({n for r in f.growth for n in r.notes})
     lines += [f"- {n}" for n in notes] + ([""] if notes else [])
     lines += [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
