@@ -1,15 +1,17 @@
 """The coordinator: consumes the partitions, one message at a time per partition, and applies
-each in one transaction through the ``Processor``."""
+them through the ``Processor``, the messages of different partitions that arrive together in
+one transaction (``GroupCommit``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 
 from aio_pika.abc import AbstractIncomingMessage
 
+from saga_coordinator.group_commit import GroupCommit
 from saga_coordinator.processor import Processor
 from saga_coordinator.store import Store
 from shared.bus import Bus
@@ -18,6 +20,7 @@ from shared.codec import PARTITION, decode_incoming
 from shared.config import Settings
 from shared.crashpoints import crash_point
 from shared.failures import failure_recorder
+from shared.messages import PartitionMessage
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +31,14 @@ class Coordinator:
         self.bus = bus
         self.store = store
         self.processor = Processor(catalog, bus.topology)
+        self.group = GroupCommit(self._apply, max_batch=settings.partitions)
+
+    async def _apply(self, messages: Sequence[PartitionMessage], now: datetime) -> list[str]:
+        return await self.store.run(lambda tx: self.processor.handle_batch(tx, messages, now))
 
     async def handle(self, delivery: AbstractIncomingMessage) -> None:
         message = decode_incoming(delivery, PARTITION, self.settings.max_message_bytes)
-        now = datetime.now(UTC)
-        note = await self.store.run(lambda tx: self.processor.handle(tx, message, now))
+        note = await self.group.submit(message)
         crash_point("coordinator.before_ack")
         log.debug("%s %s %s: %s", message.order_id, message.saga_id, message.type, note)
 

@@ -8,6 +8,7 @@ order, the messages parked behind it are applied in order in the same transactio
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -17,7 +18,7 @@ from saga_coordinator import convoy
 from saga_coordinator.convoy import OrderView, Verdict
 from saga_coordinator.machine import begin, decide
 from saga_coordinator.register import HOLDS_ORDER, TERMINAL, SagaState, gate_key
-from saga_coordinator.store import OutboxRow, Tx
+from saga_coordinator.store import Claim, OutboxRow, Tx
 from saga_coordinator.transition import Reply, Transition
 from shared.catalog import Catalog
 from shared.codec import PARTITION
@@ -66,7 +67,18 @@ class Processor:
 
     async def handle(self, tx: Tx, message: PartitionMessage, now: datetime) -> str:
         """Returns what happened, for the log line."""
-        claim = await tx.claim(message)
+        [note] = await self.handle_batch(tx, [message], now)
+        return note
+
+    async def handle_batch(
+        self, tx: Tx, messages: Sequence[PartitionMessage], now: datetime
+    ) -> list[str]:
+        """Several messages in one transaction, each as if alone: no two share an order, and
+        each order's row stays locked until the commit."""
+        claims = await tx.claim(messages)
+        return [await self._handle(tx, m, c, now) for m, c in zip(messages, claims, strict=True)]
+
+    async def _handle(self, tx: Tx, message: PartitionMessage, claim: Claim, now: datetime) -> str:
         if not claim.fresh:
             await self._release(tx, claim.order, message.message_id, now)
             tx.log(message, message.saga_id, "duplicate absorbed", None)

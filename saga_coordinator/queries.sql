@@ -5,24 +5,33 @@
 -- on the server; one message used to cost ten.
 
 -- name: claim
--- The inbox row (absent for a duplicate), then the order's row created on first sight and locked:
--- every message of one order is handled under this lock, so two consumers can never interleave
--- one order. The saga row is locked after it, from the RETURNING list.
-WITH fresh AS (
-    INSERT INTO inbox (message_id, saga_id) VALUES ($2, $3)
+-- For each message of a batch (at most one per order): its inbox row (absent for a duplicate),
+-- then its order's row, created on first sight and locked, in order_id order so that two
+-- batches never wait for each other in a circle; every message of one order is handled under
+-- this lock, so two consumers can never interleave one order. The saga row is locked after.
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY
+        AS i (order_id, message_id, saga_id, n)
+), fresh AS (
+    INSERT INTO inbox (message_id, saga_id) SELECT message_id, saga_id FROM input
     ON CONFLICT (message_id) DO NOTHING
-    RETURNING true AS fresh
+    RETURNING message_id
+), locked AS (
+    INSERT INTO orders (order_id) SELECT order_id FROM input ORDER BY order_id
+    ON CONFLICT (order_id) DO UPDATE SET order_id = EXCLUDED.order_id
+    RETURNING order_id, active_saga_id, next_seq, handled
 )
-INSERT INTO orders (order_id) VALUES ($1)
-ON CONFLICT (order_id) DO UPDATE SET order_id = EXCLUDED.order_id
-RETURNING active_saga_id, next_seq, handled,
+SELECT l.order_id, l.active_saga_id, l.next_seq, l.handled,
     (SELECT coalesce(jsonb_agg(jsonb_build_object('message_id', b.message_id, 'state', b.state)
                                ORDER BY b.created_at, b.message_id), '[]'::jsonb)
-     FROM order_blocks b WHERE b.order_id = $1)::text AS blocks,
-    EXISTS (SELECT 1 FROM parked p WHERE p.order_id = $1) AS has_parked,
-    EXISTS (SELECT 1 FROM sagas w WHERE w.order_id = $1 AND w.status = 'waiting') AS has_waiting,
-    coalesce((SELECT fresh FROM fresh), false) AS fresh,
-    (SELECT state::text FROM sagas WHERE saga_id = $3 FOR UPDATE) AS saga;
+     FROM order_blocks b WHERE b.order_id = i.order_id)::text AS blocks,
+    EXISTS (SELECT 1 FROM parked p WHERE p.order_id = i.order_id) AS has_parked,
+    EXISTS (SELECT 1 FROM sagas w WHERE w.order_id = i.order_id AND w.status = 'waiting')
+        AS has_waiting,
+    EXISTS (SELECT 1 FROM fresh f WHERE f.message_id = i.message_id) AS fresh,
+    (SELECT state::text FROM sagas s WHERE s.saga_id = i.saga_id FOR UPDATE) AS saga
+FROM input i JOIN locked l ON l.order_id = i.order_id
+ORDER BY i.n;
 
 -- name: write_batch
 -- Everything one transaction decided, as arrays, in one statement. A saga or a deadline appears
@@ -64,8 +73,11 @@ WITH saved AS (
         AS l (saga_id, order_id, message_id, message_type, note, seq, n)
     ORDER BY l.n
 ), ordered AS (
-    UPDATE orders SET active_saga_id = $28, next_seq = $29, handled = $30, updated_at = now()
-    WHERE order_id = $27
+    UPDATE orders o SET active_saga_id = v.active_saga_id, next_seq = v.next_seq,
+                        handled = v.handled, updated_at = now()
+    FROM unnest($27::text[], $28::text[], $29::bigint[], $30::bigint[])
+        AS v (order_id, active_saga_id, next_seq, handled)
+    WHERE o.order_id = v.order_id
 )
 -- Wakes the relay; delivered at commit, so it never sees a row before it is visible.
 SELECT pg_notify('saga_outbox', '') WHERE cardinality($14::text[]) > 0;

@@ -91,18 +91,27 @@ class Tx:
         self._deadlines: dict[str, _Deadline] = {}
         self._outbox: list[OutboxRow] = []
         self._log: list[tuple[str, str, str, str, str, int | None]] = []
-        self._order: OrderView | None = None
+        self._orders: dict[str, OrderView] = {}
         self._now: datetime | None = None
 
-    async def claim(self, message: Envelope) -> Claim:
-        """Inbox row, order lock and saga lock in one round trip."""
+    async def claim(self, messages: Sequence[Envelope]) -> list[Claim]:
+        """Inbox rows, order locks and saga locks of a batch (one message per order at most)
+        in one round trip; the claims come in the batch's order."""
         await self.flush()
-        row = await self.conn.fetchrow(
-            Q.claim, message.order_id, message.message_id, message.saga_id
+        rows = await self.conn.fetch(
+            Q.claim,
+            [m.order_id for m in messages],
+            [m.message_id for m in messages],
+            [m.saga_id for m in messages],
         )
-        assert row is not None
-        saga = None if row["saga"] is None else SagaState.model_validate_json(row["saga"])
-        return Claim(row["fresh"], _order_view(message.order_id, row), saga)
+        return [
+            Claim(
+                row["fresh"],
+                _order_view(row["order_id"], row),
+                None if row["saga"] is None else SagaState.model_validate_json(row["saga"]),
+            )
+            for row in rows
+        ]
 
     async def lock_order(self, order_id: str) -> OrderView:
         await self.flush()
@@ -111,7 +120,7 @@ class Tx:
         return _order_view(order_id, row)
 
     def save_order(self, order: OrderView) -> None:
-        self._order = order
+        self._orders[order.order_id] = order
 
     async def block(self, order_id: str, message_id: str, state: str, reason: str) -> None:
         await self.flush()
@@ -176,12 +185,13 @@ class Tx:
 
     async def flush(self) -> None:
         """Send the buffered writes, if any, as one statement."""
-        if not (self._sagas or self._deadlines or self._outbox or self._log or self._order):
+        if not (self._sagas or self._deadlines or self._outbox or self._log or self._orders):
             return
-        sagas, deadlines, out, log_rows, order = (
-            list(self._sagas.values()), self._deadlines, self._outbox, self._log, self._order
+        sagas, deadlines, out, log_rows, orders = (
+            list(self._sagas.values()), self._deadlines, self._outbox, self._log,
+            list(self._orders.values()),
         )  # fmt: skip
-        self._sagas, self._deadlines, self._outbox, self._log, self._order = {}, {}, [], [], None
+        self._sagas, self._deadlines, self._outbox, self._log, self._orders = {}, {}, [], [], {}
         await self.conn.execute(
             Q.write_batch,
             [s.saga_id for s in sagas], [s.order_id for s in sagas], [s.saga for s in sagas],
@@ -190,10 +200,7 @@ class Tx:
             *_columns([(r.exchange, r.routing_key, r.message_id, r.message_type, r.order_id,
                         r.body, json.dumps(r.headers)) for r in out], 7),
             *_columns(log_rows, 6),
-            None if order is None else order.order_id,
-            None if order is None else order.active_saga_id,
-            None if order is None else order.next_seq,
-            None if order is None else order.handled,
+            *_columns([(o.order_id, o.active_saga_id, o.next_seq, o.handled) for o in orders], 4),
         )  # fmt: skip
 
 

@@ -16,7 +16,7 @@ import pytest
 from saga_coordinator.app import Stack
 from saga_coordinator.dead_letters import DeadLetterDesk
 from saga_coordinator.processor import Processor
-from saga_coordinator.store import Tx
+from saga_coordinator.store import Claim, Tx
 from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
@@ -30,7 +30,7 @@ from tests.integration.helpers import (
     terminal,
 )
 
-Handle = Callable[[Processor, Tx, PartitionMessage, datetime], Awaitable[str]]
+Handle = Callable[[Processor, Tx, PartitionMessage, Claim, datetime], Awaitable[str]]
 
 
 class Sabotage:
@@ -51,13 +51,15 @@ class Sabotage:
         self.fail_times.pop(saga_id, None)
 
     def wrap(self, original: Handle) -> Handle:
-        async def handle(self_: Processor, tx: Tx, message: PartitionMessage, now: datetime) -> str:
+        async def handle(
+            self_: Processor, tx: Tx, message: PartitionMessage, claim: Claim, now: datetime
+        ) -> str:
             left = self.fail_times.get(message.saga_id, 0)
             if left != 0 and message.type == "saga.start":
                 self.fail_times[message.saga_id] = left - 1 if left > 0 else -1
                 self.raised[message.saga_id] = self.raised.get(message.saga_id, 0) + 1
                 raise RuntimeError(f"simulated handler bug on {message.saga_id}")
-            return await original(self_, tx, message, now)
+            return await original(self_, tx, message, claim, now)
 
         return handle
 
@@ -65,7 +67,7 @@ class Sabotage:
 @pytest.fixture
 def sabotage(monkeypatch: pytest.MonkeyPatch) -> Sabotage:
     saboteur = Sabotage()
-    monkeypatch.setattr(Processor, "handle", saboteur.wrap(Processor.handle))
+    monkeypatch.setattr(Processor, "_handle", saboteur.wrap(Processor._handle))
     return saboteur
 
 
