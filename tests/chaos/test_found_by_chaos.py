@@ -43,6 +43,7 @@ from shared.failures import failure_recorder
 from shared.messages import StartSaga
 from shared.migrations import migrate
 from tests.chaos.instances import DisposablePostgres, DisposableRabbit
+from tests.integration.helpers import remove_namespace
 
 pytestmark = pytest.mark.integration
 
@@ -127,6 +128,7 @@ async def test_a_failed_forward_at_the_intake_does_not_deadlock_its_order(
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(*runners, return_exceptions=True)
             await pool.close()
+    await remove_namespace(settings)
     assert state["sagas"] == 2, f"the order deadlocked: {state}"
     assert state["blocks"] == [], f"the order stays blocked: {state}"
 
