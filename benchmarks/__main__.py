@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.ceiling import broker_ceiling
-from benchmarks.harness import Plan, Result, run_benchmark
+from benchmarks.harness import Plan, Result, run_benchmark, run_growth
 from benchmarks.report import Findings, write
 from shared.config import Settings
 
@@ -47,7 +47,10 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
         if n != 1:
             findings.scaling.append(await _run(settings, replace(base, coordinators=n)))
     if args.stored:
-        findings.growth.append(await _run(settings, replace(base, preload=args.stored)))
+        findings.growth = await run_growth(settings, args.sagas, [1, busiest], args.stored)
+        for pair in findings.growth:
+            for result in pair:
+                print(_line(result), flush=True)
     for c in args.peer_concurrency:
         findings.ours_refund.append(await _run(settings, Plan(args.sagas, c, mix="refund")))
     if args.peer_concurrency and not args.no_peer:
@@ -62,7 +65,7 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("--sagas", type=int, default=600, help="sagas per run")
+    parser.add_argument("--sagas", type=int, default=1000, help="sagas per run")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--coordinators", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--stored", type=int, default=1_000_000,

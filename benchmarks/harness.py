@@ -6,9 +6,11 @@ the processes stopped (a backend reports its counters when idle only every few s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -161,24 +163,37 @@ def settings_for_run(base: Settings, run: str) -> Settings:
 
 
 async def run_benchmark(base: Settings, plan: Plan) -> Result:
-    run = new_run_id()
-    settings = settings_for_run(base, run)
-    await migrate(settings.database_url)
-    notes = []
-    try:
-        if plan.preload:
-            from benchmarks.preload import preload  # only the growth run needs it
+    """One measurement in a fresh namespace and database."""
+    async with _fresh(base) as settings:
+        return await _measure(settings, plan, [])
 
-            stored = await preload(settings.database_url, plan.preload)
-            size = stored.database_bytes / 2**30
-            notes.append(
-                f"{stored.sagas:,} finished sagas stored beforehand: a {size:.1f} GiB database, "
-                f"filled in {stored.seconds:.0f} s"
-            )
+
+async def run_growth(
+    base: Settings, sagas: int, concurrencies: list[int], stored: int
+) -> list[tuple[Result, Result]]:
+    """The same database and namespace, measured empty, then again after ``stored`` finished
+    sagas were added: each pair back to back, so little else changes between them."""
+    from benchmarks.preload import preload  # only the growth run needs it
+
+    async with _fresh(base) as settings:
+        empty = [await _measure(settings, Plan(sagas, c), []) for c in concurrencies]
+        filled = await preload(settings.database_url, stored)
+        size = filled.database_bytes / 2**30
+        note = (f"{filled.sagas:,} finished sagas stored between the two measurements: a "
+                f"{size:.1f} GiB database, filled in {filled.seconds:.0f} s")  # fmt: skip
+        grown = [await _measure(settings, Plan(sagas, c, preload=stored), [note])
+                 for c in concurrencies]  # fmt: skip
+    return list(zip(empty, grown, strict=True))
+
+
+@contextlib.asynccontextmanager
+async def _fresh(base: Settings) -> AsyncIterator[Settings]:
+    settings = settings_for_run(base, new_run_id())
+    await migrate(settings.database_url)
+    try:
         async with Bus(settings) as bus:
             await bus.declare()
-        await inject_faults(settings.database_url, run, plan.sagas, plan.mix)
-        return await _measure(settings, run, plan, notes)
+        yield settings
     finally:
         async with Bus(settings) as bus:
             channel = await bus.connection.channel()
@@ -186,7 +201,9 @@ async def run_benchmark(base: Settings, plan: Plan) -> Result:
         await drop_database(settings.database_url)
 
 
-async def _measure(settings: Settings, run: str, plan: Plan, notes: list[str]) -> Result:
+async def _measure(settings: Settings, plan: Plan, notes: list[str]) -> Result:
+    run = new_run_id()  # the sagas' ids: each measurement its own
+    await inject_faults(settings.database_url, run, plan.sagas, plan.mix)
     procs = await _start_processes(settings, plan.coordinators)
     try:
         await asyncio.sleep(SETTLE_S)

@@ -67,17 +67,20 @@ def _latency(plt: Any, f: Findings, out_dir: Path) -> Path:
 
 def _growth(plt: Any, f: Findings, out_dir: Path) -> Path:
     fig, (rate_ax, lat_ax) = plt.subplots(1, 2, figsize=(8, 3.6))
-    pairs = []
-    for grown in f.growth:
-        empty = next((r for r in f.sweep if r.plan.concurrency == grown.plan.concurrency), None)
-        if empty is not None:
-            pairs += [("empty", empty), (f"{grown.plan.preload:,} stored", grown)]
-    labels = [label for label, _ in pairs]
-    rate_ax.bar(labels, [r.rate for _, r in pairs], color=["tab:blue", "tab:orange"])
-    rate_ax.set(ylabel="sagas/s", title="Throughput")
-    lat_ax.bar(labels, [r.percentile(50) for _, r in pairs], color=["tab:blue", "tab:orange"])
-    lat_ax.set(ylabel="p50 ms", title="Median latency")
-    fig.suptitle(f"Growth (concurrency {f.growth[0].plan.concurrency})")
+    width = 0.38
+    xs = list(range(len(f.growth)))
+    labels = [f"concurrency {empty.plan.concurrency}" for empty, _ in f.growth]
+    stored = f.growth[0][1].plan.preload
+    for offset, index, label in ((-width / 2, 0, "empty"), (width / 2, 1, f"{stored:,} stored")):
+        runs = [pair[index] for pair in f.growth]
+        rate_ax.bar([x + offset for x in xs], [r.rate for r in runs], width, label=label)
+        lat_ax.bar([x + offset for x in xs], [r.percentile(50) for r in runs], width, label=label)
+    for ax, title, unit in ((rate_ax, "Throughput", "sagas/s"), (lat_ax, "Median latency", "ms")):
+        ax.set_xticks(xs, labels)
+        ax.set(title=title, ylabel=unit)
+    lat_ax.set_yscale("log")
+    rate_ax.legend()
+    fig.suptitle("Growth: the same database before and after the preload")
     return _save(plt, fig, out_dir / "growth.png")
 
 

@@ -198,8 +198,8 @@ async def _worker(
 
 
 async def preload(database_url: str, sagas: int) -> Preloaded:
-    """Write ``sagas`` finished sagas (ids ``pre-saga-N``, orders ``pre-order-N``) into a freshly
-    migrated database, in chunks of ``CHUNK`` over ``WORKERS`` connections, then VACUUM ANALYZE
+    """Write ``sagas`` finished sagas (ids ``pre-saga-N``, orders ``pre-order-N``) into a migrated
+    database not preloaded before, in chunks of ``CHUNK`` over ``WORKERS`` connections, then VACUUM ANALYZE
     it as autovacuum would have in a database that has lived."""
     catalog = load_catalog(Settings.from_env().catalog_file)
     began = time.perf_counter()
@@ -208,7 +208,7 @@ async def preload(database_url: str, sagas: int) -> Preloaded:
     conn = await asyncpg.connect(database_url)
     try:
         if await conn.fetchval(Q.sagas_exist):
-            raise ValueError("preload: the database already holds sagas; give it a fresh one")
+            raise ValueError("preload: this database is preloaded already; give it a fresh one")
         chunks = ((n, min(n + CHUNK - 1, sagas)) for n in range(1, sagas + 1, CHUNK))
         async with asyncio.TaskGroup() as workers:  # one failing stops the others
             for _ in range(WORKERS):

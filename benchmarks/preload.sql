@@ -57,7 +57,8 @@ INSERT INTO preload_messages VALUES ($1, $2, $3, $4, $5);
 INSERT INTO preload_calls VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11::jsonb, $12);
 
 -- name: sagas_exist
-SELECT EXISTS (SELECT 1 FROM sagas);
+-- Preloaded ids are fixed (pre-saga-N): a second preload would collide with the first.
+SELECT EXISTS (SELECT 1 FROM sagas WHERE saga_id LIKE 'pre-saga-%');
 
 -- name: setup_only
 -- Setup, not measurement: no commit waits for its WAL flush; a crash could lose the last
