@@ -198,9 +198,9 @@ async def _worker(
 
 
 async def preload(database_url: str, sagas: int) -> Preloaded:
-    """Write ``sagas`` finished sagas (ids ``pre-saga-N``, orders ``pre-order-N``) into a migrated
-    database not preloaded before, in chunks of ``CHUNK`` over ``WORKERS`` connections, then VACUUM ANALYZE
-    it as autovacuum would have in a database that has lived."""
+    """Write ``sagas`` finished sagas (ids ``pre-saga-N``, orders ``pre-order-N``) into a
+    migrated database not preloaded before, in chunks of ``CHUNK`` over ``WORKERS``
+    connections, then VACUUM ANALYZE it as autovacuum would have in a database that has lived."""
     catalog = load_catalog(Settings.from_env().catalog_file)
     began = time.perf_counter()
     # Whole seconds, one saga per second, ending before now: the benchmark's sagas come later.

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 OUR_CODE = ("saga_coordinator/", "shared/", "services/")
+ENTRY = ("/cli.py", "/cli_support.py")  # the process's entry: under everything, says nothing
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,9 @@ def summarize(process: str, path: Path, top: int = 12) -> Profile:
         total += n
         frames = stack.split(";")
         own[_label(frames[-1])] += n
-        for label in {_label(f) for f in frames if any(p in f for p in OUR_CODE)}:
+        mine = {_label(f) for f in frames if any(p in f for p in OUR_CODE)
+                and not any(e in f for e in ENTRY)}  # fmt: skip
+        for label in mine:
             ours[label] += n
     share = 1 / max(total, 1)
     return Profile(
