@@ -54,9 +54,7 @@ async def test_messages_arriving_during_a_transaction_share_the_next_one() -> No
     assert recorder.batches == [["s1"], ["s2", "s3", "s4"]]
 
 
-async def test_a_transaction_never_holds_two_messages_of_one_order_nor_more_than_the_max() -> (
-    None
-):
+async def test_a_transaction_never_holds_two_messages_of_one_order_nor_more_than_the_max() -> None:
     recorder = Recorder()
     group = GroupCommit(recorder.apply, max_batch=2)
     recorder.gate.clear()
