@@ -11,7 +11,7 @@ from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
 from shared.messages import ActionDone
-from tests.integration.helpers import REFUND, eventually, terminal
+from tests.integration.helpers import REFUND, eventually, remove_namespace, terminal
 from tests.integration.test_cli import saga, saga_json
 
 CLOSED_DEPOT: dict[str, JsonValue] = {
@@ -82,6 +82,7 @@ async def test_done_without_the_identifier_is_compensated_as_an_unknown_effect(
         assert "reservation_id" in (stuck.steps[0].error or "")
         async with Stack(settings, ["inventory"]):  # the real adapter: reserve, then release
             state = await terminal(stack, saga_id)
+    await remove_namespace(settings)
 
     assert state.status == "compensated"
     assert state.steps[0].compensation_status == "compensated"
