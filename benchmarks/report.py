@@ -117,6 +117,42 @@ def targets_table(f: Findings) -> list[str]:
     return lines
 
 
+def bounds(f: Findings) -> list[str]:
+    """What bounds the figures, computed from this run's own measurements."""
+    best = max(f.sweep + f.scaling, key=lambda r: r.rate)
+    cpu = sum(best.cpu_ms_per_saga.values())
+    cap = _cores() * 1000 / cpu
+    need = TARGET_RATE * best.messages_per_saga
+    parts = ", ".join(f"{k} {v:g}" for k, v in best.cpu_ms_per_saga.items())
+    lines = [
+        f"- **CPU.** At its best rate ({best.rate:.1f} sagas/s, concurrency "
+        f"{best.plan.concurrency}) a saga costs {cpu:.1f} ms of CPU in the processes measured "
+        f"({parts}). {_cores()} cores give at most {cap:.0f} sagas/s at that cost; the kernel's "
+        "loopback networking takes what the processes leave.",
+        f"- **The broker.** {TARGET_RATE:.0f} sagas/s x {best.messages_per_saga:.1f} messages "
+        f"per saga = {need:,.0f} msgs/s, {need / f.ceiling_msgs_per_s:.1f} times the raw "
+        f"ceiling measured in this run, before any Postgres or Python work: the target is "
+        f"{TARGET_RATE / best.rate:.0f}x the best rate measured.",
+    ]
+    c1 = next((r for r in f.sweep if r.plan.concurrency == 1), None)
+    if c1 is not None:
+        lines.append(
+            f"- **Latency.** p50 at concurrency 1 is {c1.percentile(50) / TARGET_P50_C1_MS:.1f}x "
+            "the target: every step is a request and an outcome, each a commit and a publish "
+            "confirmed by a quorum queue, one after the other; an in-process workflow engine "
+            "has no such hop."
+        )
+    for r in f.sweep:
+        for p in r.profiles:
+            if p.own:
+                function, share = p.own[0]
+                lines.append(
+                    f"- **Profile, {p.process}.** {share:.0%} of its samples are in "
+                    f"`{function}`, the most of any function."
+                )
+    return lines
+
+
 def markdown(f: Findings, plots: Sequence[str]) -> str:
     grown = [r for pair in f.growth for r in pair]
     when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -130,7 +166,7 @@ def markdown(f: Findings, plots: Sequence[str]) -> str:
         f"Raw broker ceiling in the same run: **{f.ceiling_msgs_per_s:.0f} msgs/s** "
         f"({f.ceiling_processes} processes publishing persistent messages with confirms to "
         "quorum queues and consuming them). Efficiency = sagas/s x msgs/saga / that ceiling.", "",
-        "## Targets", "", *targets_table(f), "",
+        "## Targets", "", *targets_table(f), "", "## What bounds it", "", *bounds(f), "",
         "## Every run", "", *runs_table(f.sweep + f.scaling + grown + f.ours_refund,
                                          f.ceiling_msgs_per_s), "",
     ]  # fmt: skip
