@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 from pydantic import JsonValue
 
+from benchmarks.load import command
 from saga_coordinator.machine import decide
 from saga_coordinator.register import TERMINAL, SagaState
 from services.outcome import build_outcome
@@ -54,17 +55,24 @@ START, TICK = timedelta(microseconds=123_457), timedelta(microseconds=9_871)
 SAGA, ORDER, SECOND = "@saga@", "@order@", EPOCH.isoformat()[:19]
 RES, CN, PAY, RE, EM = "@res@", "@cn@", "@pay@", "@re@", "@em@"
 STAND_INS = (SAGA, ORDER, SECOND, RES, CN, PAY, RE, EM)
-# The benchmark's mixed load (its parameters too): kind by saga number modulo 10, so half refunds
-# and one in ten a checkout to a closed depot, which fails at the address check and compensates.
-_REFUND: dict[str, JsonValue] = {"sku": "SKU-1", "quantity": 1, "amount_cents": 4999,
-                                 "customer_email": "a@example.com"}  # fmt: skip
-_CHECKOUT: dict[str, JsonValue] = {**_REFUND, "card_token": "tok_1", "address": "1 Main Street"}
-KINDS: tuple[tuple[str, dict[str, JsonValue]], ...] = (
-    ("refund", _REFUND),
-    ("checkout", _CHECKOUT),
-    ("checkout", {**_CHECKOUT, "address": "Closed depot"}),
-)
-MIX = [2, 0, 1, 0, 1, 0, 1, 0, 1, 0]  # saga n is of kind MIX[n % 10]
+
+
+def _mixed_load() -> tuple[tuple[tuple[str, dict[str, JsonValue]], ...], list[int]]:
+    """The benchmark's mixed load, taken from ``benchmarks.load``: its kinds of saga (name and
+    parameters) and which kind saga n is (``MIX[n % 10]``)."""
+    kinds: list[tuple[str, dict[str, JsonValue]]] = []
+    mix = []
+    for n in range(10):
+        start = command("pre", n, "mixed")
+        assert start.saga is not None  # the load names its sagas
+        kind: tuple[str, dict[str, JsonValue]] = (start.saga, dict(start.params))
+        if kind not in kinds:
+            kinds.append(kind)
+        mix.append(kinds.index(kind))
+    return tuple(kinds), mix
+
+
+KINDS, MIX = _mixed_load()
 FILLS = (Q.sagas_insert, Q.orders_insert, Q.intake_seqs_insert, Q.command_seqs_insert,
          Q.inbox_insert, Q.saga_log_insert, Q.idempotency_insert, Q.effects_insert,
          Q.reservations_insert, Q.credit_notes_insert, Q.charges_insert,

@@ -93,7 +93,7 @@ class Processor:
             order = convoy.without_block(order, message.message_id)
         admission = convoy.admit(order, message.message_id, seq)
         if admission.verdict is Verdict.APPLY:
-            order, note = await self._apply(tx, order, message, now, claim.saga)
+            order, note = await self._apply(tx, order, message, now, claim)
         elif admission.verdict is Verdict.PARK:
             await tx.park(message, seq, admission.reason)
             order = replace(order, has_parked=True)
@@ -151,10 +151,11 @@ class Processor:
         order: OrderView,
         message: PartitionMessage,
         now: datetime,
-        claimed: SagaState | None = None,
+        claim: Claim | None = None,
     ) -> tuple[OrderView, str]:
-        """``claimed``: the saga as ``Tx.claim`` read it, when this message made the claim."""
-        before = claimed if claimed is not None else await tx.lock_saga(message.saga_id)
+        """``claim``: what ``Tx.claim`` read for this message, the saga included (or its
+        absence: no saga row appears while the order is locked); a parked message has none."""
+        before = claim.saga if claim is not None else await tx.lock_saga(message.saga_id)
         held_by = order.active_saga_id if order.active_saga_id != message.saga_id else None
         transition = decide(before, message, self.catalog, now, order_held_by=held_by)
         order = convoy.after_apply(order, convoy.command_seq(message))
