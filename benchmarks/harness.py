@@ -113,6 +113,7 @@ async def _start_processes(
         "SAGA_DATABASE_URL": settings.database_url,
         "SAGA_NAMESPACE": settings.namespace,
         "SAGA_PARTITIONS": str(settings.partitions),
+        "SAGA_IDENTITY": settings.identity,
         "SAGA_LOG_LEVEL": "WARNING",
     }
     # Each coordinator takes its share of the partitions and stands by for the others.
@@ -157,8 +158,11 @@ async def _counters(database_url: str) -> dict[str, int]:
 
 def settings_for_run(base: Settings, run: str) -> Settings:
     parts = urlsplit(base.database_url)
+    # One broker account for the whole run: the machine's guest user on its own vhost.
     return base.with_(
-        namespace=f"bench-{run}", database_url=urlunsplit(parts._replace(path=f"/saga_bench_{run}"))
+        namespace=f"bench-{run}",
+        database_url=urlunsplit(parts._replace(path=f"/saga_bench_{run}")),
+        identity="shared",
     )
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from types import TracebackType
+from typing import Any, cast
 
 import asyncpg
 
 from saga_coordinator.coordinator import Coordinator
 from saga_coordinator.dead_letters import DeadLetterIngester
+from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.intake import Intake
 from saga_coordinator.relay import Relay
 from saga_coordinator.store import Store
@@ -19,6 +21,7 @@ from services.adapter import Adapter
 from shared.bus import Bus
 from shared.catalog import Catalog, load_catalog
 from shared.config import Settings
+from shared.identity import Component, Directory, check_connects_as, database_url_for
 from shared.sql import create_pool
 from shared.topology import SERVICES
 
@@ -27,7 +30,11 @@ COMPONENTS: tuple[str, ...] = ("coordinator", *SERVICES)
 
 
 class Stack:
-    """``async with Stack(settings, ["all"]) as stack: await stack.wait()``"""
+    """``async with Stack(settings, ["all"]) as stack: await stack.wait()``
+
+    In ``roles`` mode each component connects to RabbitMQ and Postgres as its own role (the
+    coordinator's parts as the coordinator, each adapter as its service), so even components
+    sharing this process are told apart by the broker and the database."""
 
     def __init__(self, settings: Settings, components: Iterable[str] = ("all",)) -> None:
         chosen = set(components)
@@ -39,17 +46,22 @@ class Stack:
         self.settings = settings
         self.components = [c for c in COMPONENTS if c in chosen]
         self.catalog: Catalog = load_catalog(settings.catalog_file)
-        self.bus = Bus(settings)
-        self._pool: asyncpg.Pool | None = None
+        self.directory = Directory.from_settings(settings)
+        self._shared = settings.identity == "shared"
+        first = cast(Component, self.components[0])  # the coordinator when it is here
+        self.bus = Bus(settings, user=self.directory.user(first))
+        self._buses: dict[str, Bus] = {"shared" if self._shared else first: self.bus}
+        self._pools: dict[str, asyncpg.Pool] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._relay: Relay | None = None
         self.coordinator: Coordinator | None = None
 
     @property
     def pool(self) -> asyncpg.Pool:
-        if self._pool is None:
+        pool = next(iter(self._pools.values()), None)
+        if pool is None:
             raise RuntimeError("Stack is not started")
-        return self._pool
+        return pool
 
     @property
     def store(self) -> Store:
@@ -64,31 +76,57 @@ class Stack:
     ) -> None:
         await self.stop()
 
+    async def _connect(self, role: Component) -> tuple[Bus, asyncpg.Pool]:
+        """The bus and pool a component of ``role`` works through (one of each for everything
+        in shared mode)."""
+        key = "shared" if self._shared else role
+        if key not in self._pools:
+            check_connects_as(self.settings, self.directory.user(role), f"the {role} component")
+            size = 10 if role == "coordinator" or self._shared else 5
+            url = database_url_for(self.settings, role)
+            self._pools[key] = await create_pool(url, min_size=1, max_size=size)
+        bus = self._buses.setdefault(key, Bus(self.settings, user=self.directory.user(role)))
+        if not bus.connected:
+            await bus.connect()
+        return bus, self._pools[key]
+
     async def start(self) -> None:
-        self._pool = await create_pool(self.settings.database_url, min_size=1, max_size=10)
-        await self.bus.connect()
-        await self.bus.declare()
-        store = Store(self._pool, db_retry_s=self.settings.db_retry_s)
         runners = []
         if "coordinator" in self.components:
-            runners.append(("intake", Intake(self.settings, self.catalog, self.bus, store).run()))
-            self.coordinator = Coordinator(self.settings, self.catalog, self.bus, store)
-            runners.append(("coordinator", self.coordinator.run()))
-            self._relay = Relay(self.settings, self._pool, self.bus)
-            runners.append(("relay", self._relay.run()))
-            ingester = DeadLetterIngester(self.settings, self.bus, store)
-            runners.append(("dead-letters", ingester.run()))
-            timer = DeadlineTimer(self.settings, store, self.bus.topology)
-            runners.append(("deadlines", timer.run()))
+            bus, pool = await self._connect("coordinator")
+            await bus.declare()  # the coordinator owns the topology
+            runners += self._coordinator_parts(bus, pool)
         for service in SERVICES:
             if service in self.components:
+                bus, pool = await self._connect(cast(Component, service))
+                if self._shared and "coordinator" not in self.components:
+                    await bus.declare()
                 adapter = Adapter(
-                    service, self.settings, self.catalog, self.bus, self._pool,
+                    service, self.settings, self.catalog, bus, pool,
                     db_retry_s=self.settings.db_retry_s,
                 )  # fmt: skip
                 runners.append((service, adapter.run()))
         self._tasks = [asyncio.create_task(coro, name=name) for name, coro in runners]
+        if self._shared:
+            log.warning("SAGA_IDENTITY=shared: one broker account for everything; senders are "
+                        "not verified (a development setting)")  # fmt: skip
         log.info("started %s", ", ".join(self.components))
+
+    def _coordinator_parts(
+        self, bus: Bus, pool: asyncpg.Pool
+    ) -> list[tuple[str, Coroutine[Any, Any, None]]]:
+        store = Store(pool, db_retry_s=self.settings.db_retry_s)
+        self.coordinator = Coordinator(self.settings, self.catalog, bus, store)
+        desk = DeadLetterDesk(store, self.coordinator.processor)
+        url = database_url_for(self.settings, "coordinator")
+        self._relay = Relay(self.settings, pool, bus, url)
+        return [
+            ("intake", Intake(self.settings, self.catalog, bus, store, desk).run()),
+            ("coordinator", self.coordinator.run()),
+            ("relay", self._relay.run()),
+            ("dead-letters", DeadLetterIngester(self.settings, bus, store).run()),
+            ("deadlines", DeadlineTimer(self.settings, store, bus.topology).run()),
+        ]
 
     @staticmethod
     async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
@@ -118,7 +156,8 @@ class Stack:
         await self._cancel([t for t in self._tasks if t not in consumers])
         self._tasks = []
         self._relay = None
-        await self.bus.close()
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        for bus in {id(b): b for b in self._buses.values()}.values():
+            await bus.close()
+        for pool in self._pools.values():
+            await pool.close()
+        self._pools = {}

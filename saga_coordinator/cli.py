@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 from typing import Any
@@ -26,8 +25,10 @@ from saga_coordinator.cli_decide import (
 )
 from saga_coordinator.cli_dlq import dlq
 from saga_coordinator.cli_ops import effects, faults
+from saga_coordinator.cli_setup import setup, tls
 from saga_coordinator.cli_support import (
     EXIT_TIMEOUT,
+    cli_bus,
     dump,
     run_async,
     settings_of,
@@ -38,13 +39,17 @@ from saga_coordinator.incident import incident, render_markdown
 from saga_coordinator.register import SagaState
 from saga_coordinator.report import render_register, table
 from saga_coordinator.store import Store
+from shared import logs
 from shared.bus import Bus
 from shared.catalog import load_catalog
 from shared.client import SagaClient
 from shared.config import Settings
 from shared.errors import SagaError
+from shared.identity import Directory, database_url_for
 from shared.messages import Plan, PlanStep
 from shared.migrations import migrate as run_migrations
+from shared.migrations import pending
+from shared.text import clean
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -54,13 +59,14 @@ from shared.migrations import migrate as run_migrations
 @click.option("--partitions", envvar="SAGA_PARTITIONS", type=int, help="[SAGA_PARTITIONS]")
 @click.option("--catalog", envvar="SAGA_CATALOG_PATH", help="Catalog TOML [SAGA_CATALOG_PATH]")
 @click.option("--log-level", envvar="SAGA_LOG_LEVEL", default="INFO", help="[SAGA_LOG_LEVEL]")
+@click.option(
+    "--as", "act_as", envvar="SAGA_ACT_AS",
+    help="With SAGA_SECRETS_DIR: the broker account to act as (default: <prefix>ops) [SAGA_ACT_AS]",
+)  # fmt: skip
 @click.pass_context
 def main(ctx: click.Context, /, **options: Any) -> None:
     """Reversible sagas for AI agents' writes, over RabbitMQ and Postgres."""
-    logging.basicConfig(
-        level=str(options.pop("log_level")).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(str(options.pop("log_level")))
     options["catalog_path"] = options.pop("catalog")
     try:
         ctx.obj = Settings.from_env(**options)
@@ -113,7 +119,7 @@ async def _start_when_ready(
     while not stop.is_set():
         stack = Stack(settings, components)
         try:
-            await run_migrations(settings.database_url)
+            await _schema_ready(settings)
             await stack.start()
             return stack
         except (OSError, ConnectionError, asyncpg.PostgresError, aiormq.exceptions.AMQPError,
@@ -124,6 +130,21 @@ async def _start_when_ready(
             await asyncio.wait_for(stop.wait(), backoff)
         backoff = min(backoff * 2, 5.0)
     return None
+
+
+class SchemaBehind(ConnectionError):
+    """The database lacks migrations this code needs: wait for `saga migrate` (or set-up)."""
+
+
+async def _schema_ready(settings: Settings) -> None:
+    """In shared mode a process migrates the database itself; in roles mode it cannot (its role
+    owns no tables) and waits until the set-up has migrated it."""
+    if settings.identity == "shared":
+        await run_migrations(settings.database_url)
+        return
+    missing = await pending(database_url_for(settings, "coordinator"))
+    if missing:
+        raise SchemaBehind(f"the database lacks {', '.join(missing)}: run `saga migrate`")
 
 
 @main.command()
@@ -140,8 +161,12 @@ def migrate(ctx: click.Context, as_json: bool) -> None:
 def declare(ctx: click.Context) -> None:
     """Declare every exchange and queue (idempotent); also done by `saga run`."""
 
+    settings = settings_of(ctx)
+
     async def work() -> None:
-        async with Bus(settings_of(ctx)) as bus:
+        user = Directory.from_settings(settings).user("coordinator") if settings.secrets_dir \
+            else None  # fmt: skip
+        async with Bus(settings, user=user) as bus:
             await bus.declare()
 
     run_async(work())
@@ -196,7 +221,7 @@ def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str
     settings = settings_of(ctx)
 
     async def work() -> tuple[str, SagaState | None]:
-        async with Bus(settings) as bus, SagaClient(bus) as client:
+        async with cli_bus(settings) as bus, SagaClient(bus) as client:
             sid = await client.start(
                 saga, order_id=order_id, params=_parse_params(params), plan=plan, saga_id=saga_id
             )
@@ -255,6 +280,11 @@ def show(ctx: click.Context, saga_id: str | None, order_id: str | None, history:
         return items
 
     found = run_async(with_store(settings_of(ctx), work))
+    if not found and order_id:
+        held = run_async(with_store(settings_of(ctx), lambda s: _order_held(s, order_id)))
+        if held is not None:
+            dump(held) if fmt == "json" else click.echo(_render_held(held))
+            return
     if not found:
         raise click.ClickException(
             f"no saga {saga_id}" if saga_id else f"no saga for order {order_id}"
@@ -267,6 +297,25 @@ def show(ctx: click.Context, saga_id: str | None, order_id: str | None, history:
             click.echo(render_markdown(_state_of(item)))
         else:
             _echo_item(item, history)
+
+
+async def _order_held(store: Store, order_id: str) -> dict[str, Any] | None:
+    """An order without a saga that is still held: blocked by a dead letter, or with
+    commands parked behind one."""
+    blocks, parked = await store.blocks(order_id), await store.parked(order_id)
+    if not blocks and not parked:
+        return None
+    return {"order_id": order_id, "sagas": [], "order_blocked_by": blocks, "parked": parked}
+
+
+def _render_held(held: dict[str, Any]) -> str:
+    lines = [f"order {held['order_id']}: no saga yet, but the order is held"]
+    for block in held["order_blocked_by"]:
+        lines.append(f"  BLOCKED by {block['message_id']} ({block['state']}): {block['reason']}")
+    for item in held["parked"]:
+        lines.append(f"  parked: {item['message_type']} {item['message_id']} ({item['reason']})")
+    lines.append(f"see `saga dlq list --order {held['order_id']}`")
+    return clean("\n".join(lines), 100_000)
 
 
 def _state_of(item: dict[str, Any]) -> SagaState:
@@ -332,8 +381,8 @@ def rejections(ctx: click.Context, order_id: str | None, limit: int, as_json: bo
     if as_json:
         dump(rows)
         return
-    keys = ("rejected_at", "order_id", "command_type", "rule", "reason")
-    click.echo(table(keys, [[r[k] for k in keys] for r in rows]))
+    keys = ("rejected_at", "sender", "order_id", "command_type", "rule", "reason")
+    click.echo(table(keys, [[clean(str(r[k]), 200) for k in keys] for r in rows]))
 
 
 @main.command()
@@ -351,6 +400,8 @@ main.add_command(schema)
 main.add_command(watch)
 main.add_command(faults)
 main.add_command(effects)
+main.add_command(setup)
+main.add_command(tls)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -6,20 +6,23 @@ import asyncio
 import json
 import signal
 from pathlib import Path
+from typing import Annotated
 
 import click
-from aio_pika.abc import AbstractIncomingMessage, ExchangeType
-from pydantic import TypeAdapter
+from aio_pika.abc import AbstractIncomingMessage
+from pydantic import Field, TypeAdapter
 
-from saga_coordinator.cli_support import run_async, settings_of
-from shared.bus import Bus
+from saga_coordinator.cli_support import cli_bus, run_async, settings_of
 from shared.codec import decode
 from shared.config import Settings
 from shared.contract import export
 from shared.errors import InvalidMessage
-from shared.messages import SagaEvent
+from shared.messages import Alert, SagaEvent
+from shared.text import clean
 
-_EVENT: TypeAdapter[SagaEvent] = TypeAdapter(SagaEvent)
+_EVENT: TypeAdapter[SagaEvent | Alert] = TypeAdapter(
+    Annotated[SagaEvent | Alert, Field(discriminator="type")]
+)
 
 
 @click.group()
@@ -50,11 +53,9 @@ async def _watch(settings: Settings, order_id: str | None, as_json: bool) -> Non
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with Bus(settings) as bus:
+    async with cli_bus(settings) as bus:
         channel = await bus.connection.channel()
-        exchange = await channel.declare_exchange(
-            bus.topology.events_exchange, ExchangeType.TOPIC, durable=True
-        )
+        exchange = await channel.get_exchange(bus.topology.events_exchange, ensure=True)
         queue = await channel.declare_queue(exclusive=True, auto_delete=True)
         await queue.bind(exchange, routing_key="#")
 
@@ -64,7 +65,10 @@ async def _watch(settings: Settings, order_id: str | None, as_json: bool) -> Non
             except InvalidMessage as exc:
                 click.echo(f"(undecodable event: {exc.reason})", err=True)
                 return
-            if order_id is None or event.order_id == order_id:
+            if isinstance(event, Alert):
+                if order_id is None or event.order_id == order_id:
+                    click.echo(_alert_line(event, as_json))
+            elif order_id is None or event.order_id == order_id:
                 click.echo(_line(event, as_json))
 
         await queue.consume(show, no_ack=True)
@@ -72,12 +76,19 @@ async def _watch(settings: Settings, order_id: str | None, as_json: bool) -> Non
         await stop.wait()
 
 
+def _alert_line(alert: Alert, as_json: bool) -> str:
+    if as_json:
+        return json.dumps(alert.model_dump(mode="json", exclude_none=True))
+    return clean(f"{alert.timestamp:%H:%M:%S}  {alert.type:<24} {alert.detail}", 2000)
+
+
 def _line(event: SagaEvent, as_json: bool) -> str:
     if as_json:
         return json.dumps(event.model_dump(mode="json", exclude_none=True))
     where = f" step {event.step} {event.action}" if event.action else ""
     detail = f"  {event.detail}" if event.detail else ""
-    return (
+    return clean(
         f"{event.timestamp:%H:%M:%S.%f}"[:-3]
-        + f"  {event.type:<24} {event.order_id}  {event.saga_id}{where}  [{event.status}]{detail}"
+        + f"  {event.type:<24} {event.order_id}  {event.saga_id}{where}  [{event.status}]{detail}",
+        4000,
     )

@@ -1,7 +1,8 @@
 """A person's decisions about a saga: abort, approve, reject, resume, resolve.
 
-Each is the same AMQP command an agent would publish (``by_kind="person"``), handled in the
-order's convoy; ``--wait`` follows the saga to its next stop.
+Each is the same AMQP command an agent would publish, handled in the order's convoy; who decided
+is the broker account the CLI connects as (``SAGA_ACT_AS``, or ``SAGA_AMQP_URL``'s user), never a
+flag. ``--wait`` follows the saga to its next stop.
 """
 
 from __future__ import annotations
@@ -11,11 +12,17 @@ from collections.abc import Awaitable, Callable
 
 import click
 
-from saga_coordinator.cli_dlq import actor_option
-from saga_coordinator.cli_support import EXIT_TIMEOUT, dump, run_async, settings_of, with_store
+from saga_coordinator.cli_support import (
+    EXIT_TIMEOUT,
+    cli_bus,
+    dump,
+    not_blank,
+    run_async,
+    settings_of,
+    with_store,
+)
 from saga_coordinator.register import SagaState
 from saga_coordinator.report import render_register
-from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
 
@@ -45,7 +52,7 @@ def _decide(
 
     async def work() -> SagaState | None:
         order = await lookup_order(settings, saga_id)
-        async with Bus(settings) as bus, SagaClient(bus) as client:
+        async with cli_bus(settings) as bus, SagaClient(bus) as client:
             await send(client, order)
             if wait_s is not None:
                 try:
@@ -72,15 +79,15 @@ DECISIONS: dict[str, tuple[str, bool, str]] = {
 
 
 def decision_command(name: str) -> click.Command:
-    """One CLI command per decision; each sends the decision as a person's."""
+    """One CLI command per decision, sent as the account the CLI connects as."""
     field, required, help_text = DECISIONS[name]
 
     @click.pass_context
-    def command(ctx: click.Context, saga_id: str, text: str, actor: str,
-                wait_s: float | None, as_json: bool) -> None:  # fmt: skip
+    def command(ctx: click.Context, saga_id: str, text: str, wait_s: float | None,
+                as_json: bool) -> None:  # fmt: skip
         async def send(client: SagaClient, order: str) -> None:
             decide = getattr(client, name)
-            await decide(saga_id, order_id=order, by=actor, person=True, **{field: text})
+            await decide(saga_id, order_id=order, **{field: text})
 
         _decide(ctx, saga_id, send, wait_s, as_json)
 
@@ -90,14 +97,12 @@ def decision_command(name: str) -> click.Command:
         click.option(
             "--wait", "wait_s", type=float, help="Wait this many seconds for the next stop"
         ),
-        actor_option,
+        # (no default at all when required: click 8.5 takes default=None as a value given)
         click.option(
-            f"--{field}",
-            "text",
-            required=required,
-            default=None if required else "",
-            help="Why, for the register",
-        ),
+            f"--{field}", "text", required=True, callback=not_blank, help="Why, for the register"
+        )
+        if required
+        else click.option(f"--{field}", "text", default="", help="Why, for the register"),
         click.argument("saga_id"),
     ):
         command = option(command)

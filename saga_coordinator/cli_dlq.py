@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 import re
 from datetime import UTC, datetime, timedelta
@@ -10,13 +9,23 @@ from typing import Any
 
 import click
 
-from saga_coordinator.cli_support import dump, run_async, settings_of, with_store
-from saga_coordinator.dead_letters import DeadLetterDesk, Handled
+from saga_coordinator.cli_support import (
+    cli_bus,
+    dump,
+    not_blank,
+    run_async,
+    settings_of,
+    with_store,
+)
+from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.processor import Processor
 from saga_coordinator.report import table
 from saga_coordinator.store import Store
 from shared.catalog import load_catalog
+from shared.client import SagaClient
 from shared.config import Settings
+from shared.messages import DeskReply
+from shared.text import clean
 from shared.topology import Topology
 
 _RELATIVE = re.compile(r"^(\d+)([smhd])$")
@@ -44,18 +53,6 @@ def _desk(settings: Settings, store: Store) -> DeadLetterDesk:
     return DeadLetterDesk(store, processor)
 
 
-def default_actor() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "operator"
-
-
-actor_option = click.option(
-    "--by", "actor", envvar="SAGA_ACTOR", default=default_actor, help="Who [SAGA_ACTOR]"
-)
-
-
 @click.group()
 def dlq() -> None:
     """Dead letters: messages that could not be handled, and what waits behind them."""
@@ -81,14 +78,13 @@ def dlq_list(ctx: click.Context, order_id: str | None, reason: str | None, since
     if as_json:
         dump(rows)
         return
-    keys = ("id", "status", "order_id", "message_type", "source_queue", "reason", "delivery_count",
-            "times_dead", "updated_at", "error")  # fmt: skip
+    keys = ("id", "status", "order_id", "message_type", "source_queue", "reason", "sender",
+            "blocks_order", "delivery_count", "times_dead", "updated_at", "error")  # fmt: skip
     click.echo(table(keys, [[_short(r[k]) for k in keys] for r in rows]))
 
 
 def _short(value: Any, width: int = 60) -> Any:
-    text = str(value) if value is not None else ""
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return clean(str(value) if value is not None else "", width)
 
 
 @dlq.command("show")
@@ -102,8 +98,8 @@ def dlq_show(ctx: click.Context, dead_letter_id: int, as_json: bool) -> None:
     body: bytes = found.pop("body")
     try:
         found["body"] = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        found["body"] = body.decode("utf-8", "replace")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        found["body"] = clean(body.decode("utf-8", "replace"), 20_000)
         found["body_undecodable"] = True
     if as_json:
         dump(found)
@@ -112,15 +108,19 @@ def dlq_show(ctx: click.Context, dead_letter_id: int, as_json: bool) -> None:
 
 
 def _render(found: dict[str, Any]) -> str:
+    """The letter for a terminal: everything a sender chose is cleaned of control characters."""
+    blocks = "blocks its order" if found["blocks_order"] else "holds no order"
     lines = [
         f"dead letter {found['id']}  [{found['status']}]  dead {found['times_dead']} time(s)",
         f"message:  {found['message_type']} {found['message_id']}",
+        f"sender:   {found['sender'] or '(no user_id)'}   ({blocks})",
         f"order:    {found['order_id'] or '-'}   saga: {found['saga_id'] or '-'}",
         f"headed:   {found['exchange'] or '(default exchange)'} / {found['routing_key']}"
         f"   (queue {found['source_queue']})",
         f"reason:   {found['reason']} after {found['delivery_count']} delivery attempt(s)",
         f"error:    {found['error'] or '-'}",
         f"failed:   first {found['first_failed_at']}, last {found['last_failed_at']}",
+        f"discard:  {found['discard_means']}",
         "body:",
         "  " + json.dumps(found["body"], indent=2, default=str).replace("\n", "\n  "),
         "headers:",
@@ -137,8 +137,9 @@ def _render(found: dict[str, Any]) -> str:
             f"earlier death: {item['reason']} at {item['last_failed_at']}: {item['error']}"
         )
     for entry in found["audit"]:
-        lines.append(f"{entry['at']} {entry['action']} by {entry['actor']}: {entry['note']}")
-    return "\n".join(lines)
+        who = f"{entry['actor']} ({entry['actor_role']})" if entry["actor_role"] else entry["actor"]
+        lines.append(f"{entry['at']} {entry['action']} by {who}: {entry['note']}")
+    return clean("\n".join(lines), 200_000)
 
 
 @dlq.command("replay")
@@ -146,50 +147,57 @@ def _render(found: dict[str, Any]) -> str:
 @click.option("--order", "order_id", help="Every dead letter of this order, in order")
 @click.option("--all", "replay_all", is_flag=True, help="Every dead letter, per order in order")
 @click.option("--note", default="", help="Why, for the audit trail")
-@actor_option
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def dlq_replay(ctx: click.Context, dead_letter_id: int | None, order_id: str | None,
-               replay_all: bool, note: str, actor: str, as_json: bool) -> None:  # fmt: skip
-    """Republish through the outbox to where the message was first headed. Idempotent."""
+               replay_all: bool, note: str, as_json: bool) -> None:  # fmt: skip
+    """Republish through the outbox to where the message was first headed. Idempotent. Sent to
+    the running coordinator as the account the CLI connects as, which the audit trail names."""
     if sum([dead_letter_id is not None, order_id is not None, replay_all]) != 1:
         raise click.UsageError("give one of ID, --order ID or --all")
-    settings = settings_of(ctx)
 
-    async def work(store: Store) -> list[Handled]:
-        desk = _desk(settings, store)
-        ids = [dead_letter_id] if dead_letter_id is not None else await desk.ids(order_id)
-        results = []
-        quiet = as_json or len(ids) <= 10  # a bar only when there are many
-        with click.progressbar(ids, label="replaying", hidden=quiet) as bar:
-            for dl_id in bar:
-                results.append(await desk.replay(dl_id, actor, note))
-        return results
+    async def work() -> DeskReply:
+        async with cli_bus(settings_of(ctx)) as bus, SagaClient(bus) as client:
+            return await client.replay_dead_letters(
+                dead_letter_id=dead_letter_id, order_id=order_id, every=replay_all, note=note
+            )
 
-    _report(run_async(with_store(settings, work)), as_json)
+    _report(run_async(work()), as_json)
 
 
 @dlq.command("discard")
 @click.argument("dead_letter_id", type=int)
-@click.option("--reason", required=True, help="Why, for the audit trail")
-@actor_option
+@click.option("--reason", required=True, callback=not_blank, help="Why, for the audit trail")
+@click.option("--yes", is_flag=True, help="Do not ask: discard with the meaning shown")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def dlq_discard(ctx: click.Context, dead_letter_id: int, reason: str, actor: str,
+def dlq_discard(ctx: click.Context, dead_letter_id: int, reason: str, yes: bool,
                 as_json: bool) -> None:  # fmt: skip
-    """Give up on a dead letter: recorded with who and why; its order is unblocked."""
+    """Give up on a dead letter. What that means for its saga is shown first (the same as
+    `saga dlq show`), and asked to confirm unless --yes."""
     settings = settings_of(ctx)
-    result = run_async(
-        with_store(settings, lambda s: _desk(settings, s).discard(dead_letter_id, actor, reason))
-    )
-    _report([result], as_json)
+    found = run_async(with_store(settings, lambda s: _desk(settings, s).get(dead_letter_id)))
+    if not yes:
+        click.echo(f"dead letter {dead_letter_id}: {found['message_type']} of order "
+                   f"{found['order_id'] or '-'}")  # fmt: skip
+        click.echo(f"discarding it means: {found['discard_means']}")
+        if not click.confirm("discard it?", default=False):
+            raise click.ClickException("not discarded")
+
+    async def work() -> DeskReply:
+        async with cli_bus(settings) as bus, SagaClient(bus) as client:
+            return await client.discard_dead_letter(dead_letter_id, reason=reason)
+
+    _report(run_async(work()), as_json)
 
 
-def _report(results: list[Handled], as_json: bool) -> None:
+def _report(reply: DeskReply, as_json: bool) -> None:
     if as_json:
-        dump([{"id": r.dead_letter_id, "done": r.done, "detail": r.detail} for r in results])
+        dump(list(reply.results))
         return
-    for r in results:
-        click.echo(f"dead letter {r.dead_letter_id}: {r.detail}")
-    if not results:
+    for r in reply.results:
+        click.echo(f"dead letter {r['id']}: {r['detail']}")
+    if reply.reason:
+        click.echo(reply.reason)
+    if not reply.results:
         click.echo("no dead letters to replay")

@@ -10,11 +10,16 @@ from typing import Any, TypeVar
 
 import asyncpg
 import click
+from aiormq.exceptions import AMQPError
+from pydantic import ValidationError
 
 from saga_coordinator.store import Store
+from shared.bus import Bus
 from shared.client import CommandRejected
+from shared.codec import describe
 from shared.config import Settings
 from shared.errors import SagaError
+from shared.identity import Directory, database_url_for
 
 T = TypeVar("T")
 EXIT_REFUSED = 2
@@ -29,7 +34,11 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         sys.exit(EXIT_REFUSED)
     except SagaError as exc:
         raise click.ClickException(str(exc)) from None
-    except (OSError, asyncpg.PostgresError) as exc:
+    except ValidationError as exc:
+        raise click.ClickException(describe(exc)) from None
+    except TimeoutError:
+        raise click.ClickException("no answer in time: is the stack running?") from None
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, AMQPError) as exc:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
 
 
@@ -42,8 +51,12 @@ def dump(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str))
 
 
-async def with_store(settings: Settings, work: Callable[[Store], Awaitable[T]]) -> T:
-    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+async def with_store(
+    settings: Settings, work: Callable[[Store], Awaitable[T]], role: str = "reader"
+) -> T:
+    """Postgres for the CLI: read-only (``reader``), or ``operator`` for fault injection; the
+    CLI's other actions go through the broker as commands."""
+    pool = await asyncpg.create_pool(database_url_for(settings, role), min_size=1, max_size=2)
     try:
         return await work(Store(pool))
     finally:
@@ -51,4 +64,20 @@ async def with_store(settings: Settings, work: Callable[[Store], Awaitable[T]]) 
 
 
 async def with_pool(settings: Settings, work: Callable[[asyncpg.Pool], Awaitable[T]]) -> T:
-    return await with_store(settings, lambda store: work(store.pool))
+    return await with_store(settings, lambda store: work(store.pool), role="operator")
+
+
+def cli_bus(settings: Settings) -> Bus:
+    """The broker connection the CLI acts through: as ``SAGA_ACT_AS`` (a person's account, or by
+    default the operations user) when the set-up's secrets are there, else as ``SAGA_AMQP_URL``
+    says. Whoever it is, the coordinator records that user, verified by the broker."""
+    if not settings.secrets_dir or settings.identity == "shared":
+        return Bus(settings)
+    return Bus(settings, user=settings.act_as or Directory.from_settings(settings).user("ops"))
+
+
+def not_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A click callback: a reason or note that must say something."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("must not be blank")
+    return value

@@ -1,38 +1,48 @@
-"""Dead letters: the ingester that stores them in Postgres, and the desk operators replay or
-discard them from.
+"""The dead-letter ingester: every dead letter is stored in Postgres, whatever its bytes.
 
-The ingester acks a dead letter only after its row is committed (a crash in between redelivers
-it, and the message id or the ``x-replay-of`` header finds the same row). Every dead letter of
-a known order blocks that order until an operator replays or discards it.
+Each letter is judged the way its consumer judged it (the same decoding and the same sender
+checks, ``shared.trust``): only a valid message from its rightful sender, which a handler kept
+failing on, blocks its order. Garbage and forgeries are stored and never block anything; a
+forgery raises an ``alert.forged`` event. The row is committed before the ack (a crash in between
+redelivers the letter, and the same row absorbs it).
+
+The path itself cannot be poisoned: headers and ids are cleaned before they touch a text column,
+the body is kept as bytes, and a letter the ingester still cannot store is kept as bare bytes
+(``unstorable``, with an alert); after ``delivery_limit`` failed deliveries even of that, it is
+moved to the last-resort queue. No letter is redelivered for ever.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage
+from pydantic import TypeAdapter
 
-from saga_coordinator.processor import Processor
 from saga_coordinator.store import OutboxRow, Store, Tx
+from shared import trust
 from shared.bus import Bus
-from shared.codec import identify_incoming
+from shared.codec import COMMANDS, PARTITION, Identity, decode_incoming, identify_incoming
 from shared.config import Settings
-from shared.errors import SagaError
+from shared.errors import InvalidMessage, RetryLater
+from shared.identity import Directory
+from shared.messages import ActionRequest, Alert, DeskCommand, QuerySaga
 from shared.sql import Queries
+from shared.text import clean
+from shared.topology import partition_of
 
 log = logging.getLogger(__name__)
 Q = Queries(Path(__file__).with_name("dead_letters.sql"))
-REPLAY_HEADER = "x-replay-of"
-
-
-class DeadLetterNotFound(SagaError):
-    pass
+REPLAY_HEADER = trust.REPLAY_HEADER
+_REQUEST: TypeAdapter[ActionRequest] = TypeAdapter(ActionRequest)
+MAX_HEADER_DEPTH = 8
 
 
 @dataclass(frozen=True)
@@ -55,37 +65,48 @@ def read_death(headers: dict[str, Any], now: datetime) -> Death:
     )
     keys = entry.get("routing-keys") or [""]
     at = entry.get("time")
+    count = entry.get("count")
     return Death(
         reason=_text(headers.get("x-first-death-reason"))
         or _text(entry.get("reason"))
         or "unknown",
         queue=queue or _text(entry.get("queue")),
         exchange=_text(entry.get("exchange")) or _text(headers.get("x-first-death-exchange")) or "",
-        routing_key=_text(keys[0]) or "",
-        count=int(entry.get("count") or 1),
+        routing_key=_text(keys[0] if isinstance(keys, list) and keys else "") or "",
+        count=count if isinstance(count, int) and 0 < count < 2**31 else 1,
         at=at if isinstance(at, datetime) else now,
     )
 
 
-def _text(value: Any) -> str | None:
+def _text(value: Any, limit: int = 255) -> str | None:
     if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value if isinstance(value, str) else None
+        value = value.decode("utf-8", "replace")
+    return clean(value, limit) if isinstance(value, str) else None
 
 
 def jsonable_headers(headers: dict[str, Any]) -> str:
-    def convert(value: Any) -> Any:
+    """Headers as JSON Postgres accepts: strings cleaned, nesting cut, anything odd as text."""
+
+    def convert(value: Any, depth: int) -> Any:
+        if depth > MAX_HEADER_DEPTH:
+            return "(nested too deeply)"
         if isinstance(value, bytes):
-            return value.decode("utf-8", "replace")
+            return clean(value.decode("utf-8", "replace"), 4000)
+        if isinstance(value, str):
+            return clean(value, 4000)
         if isinstance(value, dict):
-            return {str(k): convert(v) for k, v in value.items()}
+            return {clean(str(k), 200): convert(v, depth + 1) for k, v in list(value.items())[:200]}
         if isinstance(value, list | tuple):
-            return [convert(v) for v in value]
+            return [convert(v, depth + 1) for v in list(value)[:200]]
         if isinstance(value, datetime):
             return value.isoformat()
-        return value if isinstance(value, str | int | float | bool) or value is None else str(value)
+        if isinstance(value, bool) or value is None:
+            return value
+        if isinstance(value, int) and -(2**53) < value < 2**53:
+            return value
+        return clean(str(value), 200)
 
-    return json.dumps(convert(headers))
+    return json.dumps(convert(headers, 0))
 
 
 UNROUTABLE_ERRORS: tuple[type[BaseException], ...] = (
@@ -112,37 +133,42 @@ class Letter:
     last_at: datetime
     headers: dict[str, Any]
     body: bytes
+    sender: str | None = None
+    transport_id: str | None = None
+    # Whether it holds its order, and under which message id the order's block is kept.
+    blocks: bool = True
+    block_key: str | None = None
 
 
 async def record_death(tx: Tx, letter: Letter) -> int:
     """Store a dead letter, or return a replayed one to its row (its history kept), and block
-    its order. A replay header that names no row (forged, or the row was purged) must not make
-    the letter vanish: it is then stored as a new one."""
-    info = (letter.reason, letter.error, letter.attempts, letter.first_at, letter.last_at,
-            jsonable_headers(letter.headers))  # fmt: skip
+    its order when the letter is one that may. The same delivery seen twice (the ingester died
+    before its ack) finds its row and changes nothing."""
+    info = (letter.reason, clean(letter.error or "", 4000) or None, letter.attempts,
+            letter.first_at, letter.last_at, jsonable_headers(letter.headers))  # fmt: skip
     replay_of = _text(letter.headers.get(REPLAY_HEADER))
-    for existing in (
-        int(replay_of) if replay_of and replay_of.isdigit() else None,
-        await tx.conn.fetchval(Q.dl_lock_by_message, letter.message_id),
-    ):
-        if existing is not None and await tx.conn.fetchval(Q.dl_dead_again, existing, *info):
-            dl_id = int(existing)
-            break
-    else:
+    replayed = int(replay_of) if replay_of and replay_of.isdigit() and len(replay_of) < 18 else None
+    dl_id = None
+    if replayed is not None:
+        dl_id = await tx.conn.fetchval(Q.dl_dead_again, replayed, letter.message_id, *info)
+    if dl_id is None:
         dl_id = await tx.conn.fetchval(
             Q.dl_insert, letter.message_id, letter.message_type, letter.order_id,
-            letter.saga_id, letter.queue, letter.exchange, letter.routing_key, *info, letter.body,
+            letter.saga_id, letter.queue, letter.exchange, letter.routing_key, *info,
+            letter.body, letter.sender, letter.transport_id, letter.blocks, letter.block_key,
         )  # fmt: skip
-    if letter.order_id:
+    if letter.blocks and letter.order_id:
         reason = f"dead-lettered ({letter.reason}): {letter.error or 'no error recorded'}"
-        await tx.block(letter.order_id, letter.message_id, "dead", reason)
-    return dl_id
+        key = letter.block_key or letter.message_id
+        arrival = await tx.block(letter.order_id, key, "dead", reason)
+        await tx.conn.execute(Q.dl_set_arrival, dl_id, arrival)
+    return int(dl_id)
 
 
 async def bury_unroutable(tx: Tx, row: Any, error: BaseException) -> None:
     """An outbox row the broker cannot route (its exchange is gone, no queue is bound) becomes
     a dead letter instead of wedging the relay: it is kept, its order blocked, for an operator."""
-    now = _now()
+    now = datetime.now(UTC)
     await record_death(
         tx,
         Letter(
@@ -155,141 +181,149 @@ async def bury_unroutable(tx: Tx, row: Any, error: BaseException) -> None:
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Judgement:
+    """What the ingester makes of a dead letter."""
+
+    reason: str  # delivery_limit, forged, invalid, ...: the one shown to operators
+    blocks: bool
+    order_id: str | None
+    block_key: str | None = None
+    detail: str | None = None
+
+
 class DeadLetterIngester:
     def __init__(self, settings: Settings, bus: Bus, store: Store) -> None:
         self.settings = settings
         self.bus = bus
         self.store = store
+        self.directory = Directory.from_settings(settings)
 
     async def handle(self, delivery: AbstractIncomingMessage) -> None:
         headers = dict(delivery.headers or {})
+        # The broker's count of this queue's deliveries; on a first delivery the header may
+        # still be whatever the original publisher put there, so only a redelivery's counts.
+        deliveries = headers.get("x-delivery-count") if delivery.redelivered else 0
+        if isinstance(deliveries, int) and deliveries >= self.settings.delivery_limit:
+            await self._last_resort(delivery, f"not stored after {deliveries} deliveries")
+            return
+        try:
+            dl_id, letter = await self.store.run(lambda tx: self._ingest(tx, delivery))
+        except RetryLater:
+            raise  # the database is away: held and retried, like every consumer's message
+        except Exception as exc:  # stored as bare bytes, or requeued and bounded above
+            log.exception("dead letter %s could not be stored", delivery.message_id)
+            error = exc
+            await self.store.run(lambda tx: self._unstorable(tx, delivery, error))
+            return
+        log.warning("dead letter %s: %s %s (%s)", dl_id, letter.message_type,
+                    letter.message_id, letter.reason)  # fmt: skip
+
+    async def _ingest(self, tx: Tx, delivery: AbstractIncomingMessage) -> tuple[int, Letter]:
+        headers = dict(delivery.headers or {})
         ident = identify_incoming(delivery)
         death = read_death(headers, datetime.now(UTC))
+        # the consumer that gave up recorded why; the broker only says how it ended
+        failure = await tx.conn.fetchrow(Q.failure_get, ident.message_id, death.queue or "")
+        sender = _text(delivery.user_id, 128)
+        judged = await self.judge(tx, delivery, ident, death, sender)
+        letter = Letter(
+            message_id=ident.message_id, message_type=ident.message_type,
+            order_id=judged.order_id, saga_id=ident.saga_id, queue=death.queue,
+            exchange=death.exchange, routing_key=death.routing_key, reason=judged.reason,
+            # what the consumer said when it gave up, else what the ingester found
+            error=failure["last_error"] if failure else judged.detail,
+            attempts=failure["attempts"] if failure else death.count,
+            first_at=failure["first_at"] if failure else death.at, last_at=death.at,
+            headers=headers, body=delivery.body, sender=sender,
+            transport_id=ident.transport_id, blocks=judged.blocks, block_key=judged.block_key,
+        )  # fmt: skip
+        dl_id = await record_death(tx, letter)
+        if judged.reason == "forged":
+            what = f"{letter.message_type or 'a message'} on {death.queue}: {judged.detail}"
+            self._alert(tx, "alert.forged", what, dl_id, sender, judged.order_id)
+        return dl_id, letter
 
-        async def work(tx: Tx) -> int:
-            # the consumer that gave up recorded why; the broker only says how it ended
-            failure = await tx.conn.fetchrow(Q.failure_get, ident.message_id)
-            letter = Letter(
-                message_id=ident.message_id, message_type=ident.message_type,
-                order_id=ident.order_id, saga_id=ident.saga_id, queue=death.queue,
-                exchange=death.exchange, routing_key=death.routing_key, reason=death.reason,
-                error=failure["last_error"] if failure else None,
-                attempts=failure["attempts"] if failure else death.count,
-                first_at=failure["first_at"] if failure else death.at, last_at=death.at,
-                headers=headers, body=delivery.body,
-            )  # fmt: skip
-            return await record_death(tx, letter)
+    async def judge(
+        self,
+        tx: Tx,
+        delivery: AbstractIncomingMessage,
+        ident: Identity,
+        death: Death,
+        sender: str | None,
+    ) -> Judgement:
+        """Decode and check the letter as the consumer of its queue did. A valid letter from its
+        rightful sender blocks its order (named by the validated body, never a header)."""
+        kind, which = self.bus.topology.kind_of(death.queue)
+        if kind == "other":
+            return Judgement(death.reason, False, ident.order_id)
+        replay = (delivery.headers or {}).get(REPLAY_HEADER)
+        if replay is not None and self.directory.is_coordinator(sender):
+            _, sender = await tx.replayed_sender(replay, ident.message_id, dead_too=True)
+        limit = self.settings.max_message_bytes
+        try:
+            if kind == "intake":
+                command = decode_incoming(delivery, COMMANDS, limit)
+                trust.command_sender(self.directory, sender)
+                if isinstance(command, QuerySaga | DeskCommand):  # asks, changes no order
+                    return Judgement(death.reason, False, getattr(command, "order_id", None))
+                key = trust.forwarded_id(sender or "", command.message_id)
+                return Judgement(death.reason, True, command.order_id, key)
+            if kind == "partition":
+                message = decode_incoming(delivery, PARTITION, limit)
+                trust.partition_message(self.directory, message, sender)
+                if partition_of(message.order_id, self.settings.partitions) != which:
+                    raise InvalidMessage(f"order {message.order_id} is not routed to {death.queue}")
+                return Judgement(death.reason, True, message.order_id, message.message_id)
+            request = decode_incoming(delivery, _REQUEST, limit)
+            trust.request(self.directory, request, sender, str(which))
+            return Judgement(death.reason, True, request.order_id, request.message_id)
+        except trust.Forged as exc:
+            return Judgement("forged", False, ident.order_id, detail=exc.reason)
+        except InvalidMessage as exc:
+            return Judgement("invalid", False, ident.order_id, detail=exc.reason)
 
-        dl_id = await self.store.run(work)
-        log.warning("dead letter %s: %s %s (%s)", dl_id, ident.message_type, ident.message_id,
-                    death.reason)  # fmt: skip
+    def _alert(
+        self, tx: Tx, kind: str, detail: str, dl_id: int | None, sender: str | None,
+        order_id: str | None,
+    ) -> None:  # fmt: skip
+        alert = Alert.model_validate({"type": kind, "detail": clean(detail, 4000),
+                                      "dead_letter_id": dl_id, "sender": sender,
+                                      "order_id": order_id})  # fmt: skip
+        topology = self.bus.topology
+        tx.outbox([OutboxRow.of(topology.events_exchange, alert.type, alert)])
+
+    async def _unstorable(self, tx: Tx, delivery: AbstractIncomingMessage, error: Exception) -> int:
+        """The last row that can always be written: the bytes, the ids that are well formed,
+        and what went wrong. The letter blocks nothing; the alert says it needs a look."""
+        ident = identify_incoming(delivery)
+        now = datetime.now(UTC)
+        letter = Letter(
+            message_id=ident.message_id, message_type=ident.message_type, order_id=None,
+            saga_id=None, queue=None, exchange="", routing_key="", reason="unstorable",
+            error=clean(f"{type(error).__name__}: {error}", 2000), attempts=1,
+            first_at=now, last_at=now, headers={}, body=delivery.body,
+            sender=_text(delivery.user_id, 128), transport_id=ident.transport_id, blocks=False,
+        )  # fmt: skip
+        letter = replace(letter, message_id=f"{ident.message_id}:unstorable")
+        dl_id = await record_death(tx, letter)
+        self._alert(tx, "alert.unstorable", letter.error or "", dl_id, letter.sender, None)
+        return dl_id
+
+    async def _last_resort(self, delivery: AbstractIncomingMessage, why: str) -> None:
+        """Out of the dead-letter queue into one nobody consumes, with its bytes and headers
+        intact; confirmed before the ack, so it is moved, never lost."""
+        message = aio_pika.Message(
+            delivery.body,
+            headers={**dict(delivery.headers or {}), "x-last-resort": why},
+            message_id=delivery.message_id,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        )
+        await self.bus.publish_raw("", self.bus.topology.last_resort_queue, message, mandatory=True)
+        log.error("dead letter %s moved to %s: %s", delivery.message_id,
+                  self.bus.topology.last_resort_queue, why)  # fmt: skip
 
     async def run(self) -> None:
         await self.bus.consume(
             self.bus.topology.dead_letter_queue, self.handle, prefetch=16, mode="sequential"
         )
-
-
-@dataclass(frozen=True)
-class Handled:
-    dead_letter_id: int
-    done: bool
-    detail: str
-
-
-class DeadLetterDesk:
-    """What an operator does with a dead letter. Each operation is one transaction."""
-
-    def __init__(self, store: Store, processor: Processor) -> None:
-        self.store = store
-        self.processor = processor
-        self.topology = processor.topology
-
-    def _reenters_convoy(self, exchange: str) -> bool:
-        # Such a message comes back through the order's partition with the same id and lifts
-        # the block itself when handled; any other (an action request) lifts it now.
-        return exchange in (self.topology.partitions_exchange, self.topology.commands_exchange)
-
-    async def replay(self, dl_id: int, actor: str, note: str = "") -> Handled:
-        async def work(tx: Tx) -> Handled:
-            row = await tx.conn.fetchrow(Q.dl_lock, dl_id)
-            if row is None:
-                raise DeadLetterNotFound(f"no dead letter {dl_id}")
-            if row["status"] != "dead":
-                return Handled(dl_id, False, f"already {row['status']}: nothing republished")
-            tx.outbox([
-                OutboxRow(row["exchange"], row["routing_key"], row["message_id"],
-                          row["message_type"] or "unknown", row["order_id"] or "", row["body"],
-                          {REPLAY_HEADER: str(dl_id)})
-            ])  # fmt: skip
-            await tx.conn.execute(Q.dl_set_status, dl_id, "replayed")
-            await tx.conn.execute(Q.audit_insert, dl_id, "replay", actor, note)
-            await tx.conn.execute(Q.failure_delete, row["message_id"])
-            target = f"{row['exchange'] or '(default)'} / {row['routing_key']}"
-            if row["order_id"] is not None:
-                if self._reenters_convoy(row["exchange"]):
-                    await tx.block(
-                        row["order_id"], row["message_id"], "replaying", f"replayed by {actor}"
-                    )
-                else:
-                    await self.processor.release(tx, row["order_id"], row["message_id"], _now())
-            return Handled(dl_id, True, f"republished to {target}")
-
-        return await self.store.run(work)
-
-    async def discard(self, dl_id: int, actor: str, reason: str) -> Handled:
-        async def work(tx: Tx) -> Handled:
-            row = await tx.conn.fetchrow(Q.dl_lock, dl_id)
-            if row is None:
-                raise DeadLetterNotFound(f"no dead letter {dl_id}")
-            if row["status"] == "discarded":
-                return Handled(dl_id, False, "already discarded")
-            await tx.conn.execute(Q.dl_set_status, dl_id, "discarded")
-            await tx.conn.execute(Q.audit_insert, dl_id, "discard", actor, reason)
-            if row["order_id"] is not None:
-                await self._skip_its_number(tx, row)
-                await self.processor.release(tx, row["order_id"], row["message_id"], _now())
-            return Handled(dl_id, True, "discarded; its order is unblocked")
-
-        return await self.store.run(work)
-
-    async def _skip_its_number(self, tx: Tx, row: Any) -> None:
-        """A discarded command never arrives: later commands of its order must not wait for it."""
-        seq = await tx.conn.fetchval(Q.seq_of_message, row["message_id"])
-        if seq is None:
-            return
-        await tx.conn.execute(
-            Q.tombstone_insert, row["order_id"], f"skip:{row['message_id']}", seq,
-            f"command {seq} discarded",
-        )  # fmt: skip
-
-    async def ids(self, order_id: str | None) -> list[int]:
-        return [r["id"] for r in await self.store.pool.fetch(Q.dl_ids_dead, order_id)]
-
-    async def list(
-        self,
-        order_id: str | None = None,
-        reason: str | None = None,
-        since: datetime | None = None,
-        status: str | None = None,
-        limit: int = 100,
-    ) -> list[dict[str, Any]]:
-        rows = await self.store.pool.fetch(Q.dl_list, order_id, reason, since, status, limit)
-        return [dict(r) for r in rows]
-
-    async def get(self, dl_id: int) -> dict[str, Any]:
-        row = await self.store.pool.fetchrow(Q.dl_get, dl_id)
-        if row is None:
-            raise DeadLetterNotFound(f"no dead letter {dl_id}")
-        found = dict(row)
-        found["headers"] = json.loads(found["headers"])
-        found["history"] = json.loads(found["history"])
-        found["audit"] = [dict(r) for r in await self.store.pool.fetch(Q.audit_for, dl_id)]
-        order_id = found["order_id"]
-        found["parked_behind"] = await self.store.parked(order_id) if order_id else []
-        found["blocks"] = await self.store.blocks(order_id) if order_id else []
-        return found
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)

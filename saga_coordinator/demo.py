@@ -15,6 +15,7 @@ from services.faults import add_fault
 from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
+from shared.identity import Directory, database_url_for
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,15 @@ async def run_demo(
     settings: Settings, echo: Callable[[str], None], wait_s: float = 60.0
 ) -> list[SagaState]:
     suffix = time.strftime("%H%M%S")
-    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+    # The demo is an agent: it starts sagas as the agent account; it injects faults and reads
+    # registers as an operator would.
+    url = database_url_for(settings, "operator")
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
     store = Store(pool)
     results: list[SagaState] = []
+    agent = Directory.from_settings(settings).agent_user if settings.secrets_dir else None
     try:
-        async with Bus(settings) as bus, SagaClient(bus) as client:
+        async with Bus(settings, user=agent) as bus, SagaClient(bus) as client:
             for number, scenario in enumerate(scenarios(suffix), start=1):
                 echo(f"\n=== {number}. {scenario.title} (order {scenario.order_id}) ===")
                 for action, mode in scenario.faults:

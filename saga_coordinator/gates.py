@@ -8,9 +8,18 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from saga_coordinator.authority import may_decide_gate
 from saga_coordinator.progress import advance, begin_compensation
 from saga_coordinator.register import Decision, SagaState, Step, gate_key
-from saga_coordinator.transition import Outgoing, Transition, event, ignored, reply
+from saga_coordinator.transition import (
+    Outgoing,
+    Transition,
+    decided,
+    event,
+    ignored,
+    refuse,
+    reply,
+)
 from shared.messages import ApproveSaga, DeadlineReached, RejectSaga
 
 
@@ -22,15 +31,15 @@ def decide_gate(state: SagaState, command: ApproveSaga | RejectSaga, now: dateti
     step = _waiting_step(state)
     if state.status != "awaiting_approval" or step is None or step.gate is None:
         reason = f"saga {state.saga_id} is {state.status}, not waiting at an approval gate"
-        return Transition(state, reply(command, now, reason), note=reason, changed=False)
-    if step.gate.require_person and command.by_kind != "person":
-        reason = f"the gate before {step.action} needs a person's decision, not an agent's"
-        return Transition(state, reply(command, now, reason), note=reason, changed=False)
+        return refuse(state, command, now, reason)
+    refused = may_decide_gate(step.gate.require_person, command.sender)
+    if refused is not None:
+        reason = f"the gate before {step.action}: {refused}"
+        return refuse(state, command, now, reason, "not_permitted")
     out: list[Outgoing] = list(reply(command, now))
     if isinstance(command, ApproveSaga):
-        decision = Decision(kind="approve", note=command.note, at=now, by=command.by)
-        return _approve(state, step, decision, now, out)
-    decision = Decision(kind="reject", note=command.reason, at=now, by=command.by)
+        return _approve(state, step, decided("approve", command.note, command, now), now, out)
+    decision = decided("reject", command.reason, command, now)
     why = f"rejected at the gate before {step.action}: {command.reason}"
     return _refuse(state, step, "rejected", decision, why, now, out)
 

@@ -116,7 +116,7 @@ def render_markdown(state: SagaState) -> str:
         ("What never happened", r["never_happened"],
          lambda x: x["action"] + (f": {x['why']}" if x["why"] else "")),
         ("Who decided what", r["decisions"],
-         lambda x: f"{x['at']} {x['kind']} by {x['by'] or 'unknown'}: {x['note']}"),
+         lambda x: f"{x['at']} {x['kind']} by {_who(x['by'], x['role'])}: {x['note']}"),
     ]  # fmt: skip
     for title, items, line in sections:
         lines += ["", f"## {title}", ""]
@@ -142,7 +142,7 @@ def render_summary(state: SagaState) -> str:
             for x in r["never_happened"]
         ],
         "decisions": [
-            f"{d.at:%Y-%m-%d %H:%M:%S} {d.kind}" + (f" by {d.by}" if d.by else "") + f": {d.note}"
+            f"{d.at:%Y-%m-%d %H:%M:%S} {d.kind} by {_who(d.by, d.role)}: {d.note}"
             for d in state.decisions
         ],
     }
@@ -151,3 +151,10 @@ def render_summary(state: SagaState) -> str:
         for title, lines in sections.items()
         if lines
     )
+
+
+def _who(by: str, role: str) -> str:
+    """The verified account that decided, and what it is (``ann (person)``)."""
+    if not by:
+        return "unknown"
+    return f"{by} ({role})" if role else by

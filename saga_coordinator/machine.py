@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from saga_coordinator import gates
+from saga_coordinator.authority import may_act
 from saga_coordinator.progress import (
     advance,
     begin_compensation,
@@ -17,7 +18,6 @@ from saga_coordinator.progress import (
     land,
 )
 from saga_coordinator.register import (
-    Decision,
     SagaState,
     Step,
     compensation_key,
@@ -26,8 +26,10 @@ from saga_coordinator.register import (
 from saga_coordinator.transition import (
     Outgoing,
     Transition,
+    decided,
     event,
     ignored,
+    refuse,
     reply,
     request,
 )
@@ -64,13 +66,17 @@ def decide(
         try:
             plan = admit(catalog, message)
         except PlanRejected as exc:
-            return Transition(None, reply(message, now, str(exc)), note=f"refused: {exc}")
+            return refuse(None, message, now, str(exc), exc.rule)
         return start(message, plan, now, waiting_for=order_held_by)
     if state is None:
         if isinstance(message, AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga):
             reason = f"no saga {message.saga_id}"
-            return Transition(None, reply(message, now, reason), note=reason, changed=False)
+            return refuse(None, message, now, reason, "no_saga")
         return Transition(None, note=f"no saga {message.saga_id}: ignored", changed=False)
+    if isinstance(message, AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga):
+        refused = may_act(state, message.type, message.sender)
+        if refused is not None:
+            return refuse(state, message, now, refused, "not_permitted")
     if isinstance(message, AbortSaga):
         return abort(state, message, now)
     if isinstance(message, ResumeSaga):
@@ -120,6 +126,7 @@ def start(
         created_at=now,
         updated_at=now,
         waiting_for=waiting_for,
+        started_by=command.sender,
     )
     if waiting_for is not None:
         detail = f"order {command.order_id} is held by saga {waiting_for}"
@@ -144,7 +151,7 @@ def abort(state: SagaState, command: AbortSaga, now: datetime) -> Transition:
     if state.status == "awaiting_approval":
         state = state.model_copy(update={"status": "running"})  # stopping at a gate = aborting
     if state.status == "waiting":
-        decision = Decision(kind="abort", note=command.reason, at=now, by=command.by)
+        decision = decided("abort", command.reason, command, now)
         steps = tuple(s.model_copy(update={"status": "skipped"}) for s in state.steps)
         state = state.model_copy(
             update={
@@ -159,8 +166,8 @@ def abort(state: SagaState, command: AbortSaga, now: datetime) -> Transition:
         return Transition(state, tuple(out), note="aborted while waiting")
     if state.status != "running":
         reason = f"saga {state.saga_id} is {state.status}; only a running saga can be aborted"
-        return Transition(state, reply(command, now, reason), note=reason, changed=False)
-    decision = Decision(kind="abort", note=command.reason, at=now, by=command.by)
+        return refuse(state, command, now, reason)
+    decision = decided("abort", command.reason, command, now)
     out = list(reply(command, now))
     state = state.model_copy(update={"decisions": (*state.decisions, decision)})
     state = begin_compensation(state, f"aborted: {command.reason}", now, out)
@@ -171,7 +178,7 @@ def abort(state: SagaState, command: AbortSaga, now: datetime) -> Transition:
 def resume(state: SagaState, command: ResumeSaga, now: datetime) -> Transition:
     if state.status != "needs_human":
         reason = f"saga {state.saga_id} is {state.status}; only needs_human can be resumed"
-        return Transition(state, reply(command, now, reason), note=reason, changed=False)
+        return refuse(state, command, now, reason)
     steps = tuple(
         s.model_copy(
             update={
@@ -183,7 +190,7 @@ def resume(state: SagaState, command: ResumeSaga, now: datetime) -> Transition:
         else s
         for s in state.steps
     )
-    decision = Decision(kind="resume", note=command.note, at=now, by=command.by)
+    decision = decided("resume", command.note, command, now)
     state = state.model_copy(
         update={
             "steps": steps,
@@ -201,8 +208,8 @@ def resume(state: SagaState, command: ResumeSaga, now: datetime) -> Transition:
 def resolve(state: SagaState, command: ResolveSaga, now: datetime) -> Transition:
     if state.status != "needs_human":
         reason = f"saga {state.saga_id} is {state.status}; only needs_human can be resolved"
-        return Transition(state, reply(command, now, reason), note=reason, changed=False)
-    decision = Decision(kind="resolve", note=command.note, at=now, by=command.by)
+        return refuse(state, command, now, reason)
+    decision = decided("resolve", command.note, command, now)
     state = state.model_copy(update={"decisions": (*state.decisions, decision)})
     out: list[Outgoing] = list(reply(command, now))
     state = finish(state, "resolved", "saga.resolved", now, out)

@@ -53,7 +53,7 @@ def parked_reply(message: PartitionMessage, reason: str, now: datetime) -> Trans
         saga_id=message.saga_id,
         order_id=message.order_id,
         timestamp=now,
-        command_id=message.message_id,
+        command_id=getattr(message, "client_message_id", None) or message.message_id,
         command_type=message.type,
         reason=reason,
     )
@@ -85,17 +85,23 @@ class Processor:
             return "duplicate absorbed"
         order = claim.order
         seq = convoy.command_seq(message)
+        arrival = None
         if convoy.blocked_by(order, message.message_id):
             # The message its order waited for has arrived: the block goes whatever happens
             # next. Were it kept while the message itself waits for a missing command number,
             # the two would wait for each other for ever.
-            await tx.unblock(order.order_id, message.message_id)
+            arrival = await tx.unblock(order.order_id, message.message_id)
             order = convoy.without_block(order, message.message_id)
         admission = convoy.admit(order, message.message_id, seq)
+        if admission.verdict is Verdict.APPLY and arrival is not None and order.has_parked:
+            # Messages are parked behind this one, some perhaps from before it (the dead
+            # letters of an order are replayed one by one): it takes its place among them, by
+            # the arrival number its block kept, and the drain applies them all in that order.
+            admission = convoy.Admission(Verdict.PARK, "back in its place among the parked")
         if admission.verdict is Verdict.APPLY:
             order, note = await self._apply(tx, order, message, now, claim)
         elif admission.verdict is Verdict.PARK:
-            await tx.park(message, seq, admission.reason)
+            await tx.park(message, seq, admission.reason, arrival)
             order = replace(order, has_parked=True)
             tx.outbox(route(self.topology, parked_reply(message, admission.reason, now)))
             note = f"parked: {admission.reason}"
@@ -117,6 +123,27 @@ class Processor:
             return order
         await tx.unblock(order.order_id, message_id)
         order = await self.drain(tx, convoy.without_block(order, message_id), now)
+        tx.save_order(order)
+        return order
+
+    async def discard(
+        self,
+        tx: Tx,
+        order_id: str,
+        message_id: str,
+        replacement: PartitionMessage | None,
+        now: datetime,
+    ) -> OrderView:
+        """Lift the block of a discarded message; what it leaves behind (``replacement``, for
+        a request: its step's failure) takes its place among the parked, in arrival order."""
+        order = await tx.lock_order(order_id)
+        arrival = await tx.unblock(order_id, message_id) if convoy.blocked_by(order, message_id) \
+            else None  # fmt: skip
+        order = convoy.without_block(order, message_id)
+        if replacement is not None:
+            await tx.park(replacement, None, "in place of a discarded message", arrival)
+            order = replace(order, has_parked=True)
+        order = await self.drain(tx, order, now)
         tx.save_order(order)
         return order
 
@@ -161,16 +188,22 @@ class Processor:
         order = convoy.after_apply(order, convoy.command_seq(message))
         if transition.state is not None and transition.state.status == "waiting":
             order = replace(order, has_waiting=True)
-        self._store(tx, transition, now)
+        self._store(tx, transition, now, message)
         tx.log(message, message.saga_id, transition.note, order.handled)
         return await self._hand_over(tx, order, transition, now), transition.note
 
-    def _store(self, tx: Tx, transition: Transition, now: datetime) -> None:
+    def _store(
+        self, tx: Tx, transition: Transition, now: datetime, message: PartitionMessage | None = None
+    ) -> None:
         state = transition.state
         if state is not None and transition.changed:
             tx.save_saga(state, now=now)
             self._deadline(tx, state, transition, now)
         tx.outbox(route(self.topology, transition))
+        if message is not None and transition.refused is not None:
+            sender = getattr(message, "sender", None)
+            user = sender.user if sender is not None else None
+            tx.refusal(message, transition.rule, transition.refused, user)
 
     def _deadline(self, tx: Tx, state: SagaState, transition: Transition, now: datetime) -> None:
         """Each request sent arms the saga's deadline; nothing in flight disarms it."""

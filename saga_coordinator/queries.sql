@@ -23,7 +23,7 @@ WITH input AS (
 )
 SELECT l.order_id, l.active_saga_id, l.next_seq, l.handled,
     (SELECT coalesce(jsonb_agg(jsonb_build_object('message_id', b.message_id, 'state', b.state)
-                               ORDER BY b.created_at, b.message_id), '[]'::jsonb)
+                               ORDER BY b.arrival), '[]'::jsonb)
      FROM order_blocks b WHERE b.order_id = i.order_id)::text AS blocks,
     EXISTS (SELECT 1 FROM parked p WHERE p.order_id = i.order_id) AS has_parked,
     EXISTS (SELECT 1 FROM sagas w WHERE w.order_id = i.order_id AND w.status = 'waiting')
@@ -111,11 +111,13 @@ FROM outbox ORDER BY id LIMIT $1;
 DELETE FROM outbox WHERE id = ANY($1::bigint[]);
 
 -- name: rejection_insert
-INSERT INTO rejections (message_id, saga_id, order_id, command_type, rule, reason, body)
-VALUES ($1, $2, $3, $4, $5, $6, $7);
+INSERT INTO rejections (message_id, saga_id, order_id, command_type, rule, reason, body,
+                        transport_id, sender, body_bytes)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- name: rejection_list
-SELECT id, message_id, saga_id, order_id, command_type, rule, reason, rejected_at
+SELECT id, message_id, transport_id, sender, saga_id, order_id, command_type, rule, reason,
+       rejected_at
 FROM rejections
 WHERE ($1::text IS NULL OR order_id = $1)
 ORDER BY id DESC LIMIT $2;
@@ -145,7 +147,7 @@ INSERT INTO orders (order_id) VALUES ($1)
 ON CONFLICT (order_id) DO UPDATE SET order_id = EXCLUDED.order_id
 RETURNING active_saga_id, next_seq, handled,
     (SELECT coalesce(jsonb_agg(jsonb_build_object('message_id', b.message_id, 'state', b.state)
-                               ORDER BY b.created_at, b.message_id), '[]'::jsonb)
+                               ORDER BY b.arrival), '[]'::jsonb)
      FROM order_blocks b WHERE b.order_id = $1)::text AS blocks,
     EXISTS (SELECT 1 FROM parked p WHERE p.order_id = $1) AS has_parked,
     EXISTS (SELECT 1 FROM sagas w WHERE w.order_id = $1 AND w.status = 'waiting') AS has_waiting;
@@ -154,11 +156,11 @@ RETURNING active_saga_id, next_seq, handled,
 SELECT order_id, active_saga_id, next_seq, handled, updated_at FROM orders WHERE order_id = $1;
 
 -- name: block_delete
-DELETE FROM order_blocks WHERE order_id = $1 AND message_id = $2;
+DELETE FROM order_blocks WHERE order_id = $1 AND message_id = $2 RETURNING arrival;
 
 -- name: blocks_for_order
-SELECT message_id, state, reason, created_at FROM order_blocks WHERE order_id = $1
-ORDER BY created_at, message_id;
+SELECT message_id, state, reason, created_at, arrival FROM order_blocks WHERE order_id = $1
+ORDER BY arrival;
 
 -- name: blocked_orders
 SELECT b.order_id, b.message_id, b.state, b.reason, b.created_at,
@@ -166,13 +168,15 @@ SELECT b.order_id, b.message_id, b.state, b.reason, b.created_at,
 FROM order_blocks b ORDER BY b.created_at, b.order_id LIMIT $1;
 
 -- name: park_insert
-INSERT INTO parked (order_id, message_id, message_type, seq, reason, body)
-VALUES ($1, $2, $3, $4, $5, $6)
+-- $7: the arrival number of the message's own block, for one that failed or was replayed: it
+-- keeps its place before the messages parked behind it.
+INSERT INTO parked (order_id, message_id, message_type, seq, reason, body, arrival)
+VALUES ($1, $2, $3, $4, $5, $6, coalesce($7, nextval('convoy_arrival')))
 ON CONFLICT (message_id) DO NOTHING;
 
 -- name: parked_for_order
-SELECT id, message_id, message_type, seq, reason, body, parked_at FROM parked
-WHERE order_id = $1 ORDER BY id;
+SELECT id, message_id, message_type, seq, reason, body, parked_at, arrival FROM parked
+WHERE order_id = $1 ORDER BY arrival, id;
 
 -- name: parked_delete
 DELETE FROM parked WHERE id = $1;
@@ -188,3 +192,14 @@ WHERE due_at <= now() ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED;
 -- name: waiting_for_update
 UPDATE sagas SET state = jsonb_set(state, '{waiting_for}', to_jsonb($2::text))
 WHERE order_id = $1 AND status = 'waiting';
+
+-- name: rejection_record_refusal
+-- A command the coordinator refused because of the saga's state or who sent it.
+INSERT INTO rejections (message_id, saga_id, order_id, command_type, rule, reason, body, sender)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                     $7::bytea[], $8::text[]);
+
+-- name: order_summary
+SELECT o.order_id, o.active_saga_id, o.next_seq, o.handled, o.updated_at,
+       (SELECT count(*) FROM parked p WHERE p.order_id = o.order_id) AS parked
+FROM orders o WHERE o.order_id = $1;

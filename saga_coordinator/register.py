@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from shared.catalog import ActionClass
-from shared.messages import Gate
+from shared.messages import Gate, Sender
 
 SagaStatus = Literal[
     "waiting",
@@ -94,12 +94,14 @@ class Step(_Frozen):
 
 
 class Decision(_Frozen):
-    """Who decided what, for the register (aborts, resumes, resolves)."""
+    """Who decided what, for the register (aborts, resumes, resolves). ``by`` is the broker
+    user that sent the decision, as the broker verified it; ``role`` what that user is."""
 
     kind: str
     note: str
     at: datetime
     by: str = ""
+    role: str = ""
 
 
 class SagaState(_Frozen):
@@ -117,6 +119,7 @@ class SagaState(_Frozen):
     finished_at: datetime | None = None
     decisions: tuple[Decision, ...] = ()
     waiting_for: str | None = None  # the saga holding the order, while this one waits
+    started_by: Sender | None = None  # who sent the start (an agent may act on its own only)
 
     def step(self, index: int) -> Step | None:
         return self.steps[index] if 0 <= index < len(self.steps) else None

@@ -28,10 +28,15 @@ log = logging.getLogger(__name__)
 
 
 class Relay:
-    def __init__(self, settings: Settings, pool: asyncpg.Pool, bus: Bus) -> None:
+    """``url``: the database as the coordinator (the relay's own lock and LISTEN connections)."""
+
+    def __init__(
+        self, settings: Settings, pool: asyncpg.Pool, bus: Bus, url: str | None = None
+    ) -> None:
         self.settings = settings
         self.pool = pool
         self.bus = bus
+        self.url = url or settings.database_url
         self._wake = asyncio.Event()
         self._conn: asyncpg.Connection | None = None
         self._leading = False
@@ -44,7 +49,7 @@ class Relay:
         the session's: held for as long as the connection lives, so a batch costs two
         statements and no transaction, and it passes to another relay when this one dies."""
         if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncpg.connect(self.settings.database_url)
+            self._conn = await asyncpg.connect(self.url)
             self._leading = False
         if not self._leading:
             self._leading = bool(await self._conn.fetchval(Q.relay_lead, RELAY_LOCK))
@@ -103,7 +108,7 @@ class Relay:
         while True:
             listener: asyncpg.Connection | None = None
             try:
-                listener = await asyncpg.connect(self.settings.database_url)
+                listener = await asyncpg.connect(self.url)
                 await self._hold(listener)
             except TRANSIENT_DB_ERRORS:
                 log.debug("outbox relay: LISTEN connection lost; polling meanwhile")

@@ -18,17 +18,20 @@ from typing import Any, NamedTuple, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.register import SagaState
+from shared.codec import Identity, peek
 from shared.errors import RetryLater
 from shared.failures import Q as FQ
-from shared.messages import Envelope
-from shared.sql import TRANSIENT_DB_ERRORS, Queries
+from shared.messages import Envelope, Outbound
+from shared.sql import TRANSIENT_DB_ERRORS, Queries, is_transient
+from shared.text import clean
 
 log = logging.getLogger(__name__)
 Q = Queries(Path(__file__).with_name("queries.sql"))
+DQ = Queries(Path(__file__).with_name("dead_letters.sql"))
 RELAY_LOCK = 0x5A6A0B
 T = TypeVar("T")
 Conn = asyncpg.Connection | PoolConnectionProxy
@@ -45,9 +48,10 @@ class OutboxRow:
     headers: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, exchange: str, routing_key: str, message: Envelope) -> OutboxRow:
+    def of(cls, exchange: str, routing_key: str, message: Outbound) -> OutboxRow:
         body = message.model_dump_json().encode()
-        return cls(exchange, routing_key, message.message_id, message.type, message.order_id, body)
+        order_id = getattr(message, "order_id", None) or ""
+        return cls(exchange, routing_key, message.message_id, message.type, order_id, body)
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,24 @@ class Parked:
     seq: int | None
     reason: str
     body: bytes
+    arrival: int = 0
+
+
+def _dead_letter_id(header: object) -> int | None:
+    text = header.decode("ascii", "replace") if isinstance(header, bytes) else header
+    if isinstance(text, str) and text.isdigit() and len(text) < 18:
+        return int(text)
+    return None
+
+
+async def _original_sender(
+    conn: Conn, header: object, message_id: str, dead_too: bool
+) -> tuple[bool, str | None]:
+    dl_id = _dead_letter_id(header)
+    if dl_id is None:
+        return False, None
+    row = await conn.fetchrow(DQ.dl_original_sender, dl_id, message_id, dead_too)
+    return (False, None) if row is None else (True, row["sender"])
 
 
 @dataclass(frozen=True)
@@ -93,6 +115,7 @@ class Tx:
         self._log: list[tuple[str, str, str, str, str, int | None]] = []
         self._orders: dict[str, OrderView] = {}
         self._now: datetime | None = None
+        self._refusals: list[tuple[Any, ...]] = []
 
     async def claim(self, messages: Sequence[Envelope]) -> list[Claim]:
         """Inbox rows, order locks and saga locks of a batch (one message per order at most)
@@ -122,26 +145,60 @@ class Tx:
     def save_order(self, order: OrderView) -> None:
         self._orders[order.order_id] = order
 
-    async def block(self, order_id: str, message_id: str, state: str, reason: str) -> None:
+    async def block(self, order_id: str, message_id: str, state: str, reason: str) -> int:
+        """Block the order by this message; returns the block's arrival number."""
         await self.flush()
-        await self.conn.execute(FQ.block_upsert, order_id, message_id, state, reason[:2000])
+        arrival = await self.conn.fetchval(
+            FQ.block_upsert, order_id, message_id, state, clean(reason, 2000)
+        )
+        return int(arrival)
 
-    async def unblock(self, order_id: str, message_id: str) -> None:
+    async def unblock(self, order_id: str, message_id: str) -> int | None:
+        """Lift a block; returns its arrival number (None when there was none)."""
         await self.flush()
-        await self.conn.execute(Q.block_delete, order_id, message_id)
+        arrival = await self.conn.fetchval(Q.block_delete, order_id, message_id)
+        return None if arrival is None else int(arrival)
 
-    async def park(self, message: Envelope, seq: int | None, reason: str) -> None:
+    async def park(
+        self, message: Envelope, seq: int | None, reason: str, arrival: int | None = None
+    ) -> None:
         await self.flush()
         body = message.model_dump_json().encode()
         await self.conn.execute(
-            Q.park_insert, message.order_id, message.message_id, message.type, seq, reason, body
-        )
+            Q.park_insert, message.order_id, message.message_id, message.type, seq, reason, body,
+            arrival,
+        )  # fmt: skip
+
+    async def replayed_sender(
+        self, header: object, message_id: str, *, dead_too: bool = False
+    ) -> tuple[bool, str | None]:
+        """For a message an operator replayed (``x-replay-of``): whether that dead letter is
+        being replayed, and who first sent it."""
+        await self.flush()
+        return await _original_sender(self.conn, header, message_id, dead_too)
+
+    def refusal(self, message: Envelope, rule: str, reason: str, sender: str | None) -> None:
+        """A command the coordinator refused (the saga's state, or who sent it): recorded with
+        the gateway's rejections, so `saga rejections` shows every refusal."""
+        self._refusals.append(
+            (getattr(message, "client_message_id", None) or message.message_id, message.saga_id,
+             message.order_id, message.type, rule, clean(reason, 2000),
+             message.model_dump_json().encode(), sender)
+        )  # fmt: skip
 
     async def parked(self, order_id: str) -> list[Parked]:
         await self.flush()
         rows = await self.conn.fetch(Q.parked_for_order, order_id)
         return [
-            Parked(r["id"], r["message_id"], r["message_type"], r["seq"], r["reason"], r["body"])
+            Parked(
+                r["id"],
+                r["message_id"],
+                r["message_type"],
+                r["seq"],
+                r["reason"],
+                r["body"],
+                r["arrival"],
+            )
             for r in rows
         ]
 
@@ -184,7 +241,10 @@ class Tx:
         self._outbox.extend(rows)
 
     async def flush(self) -> None:
-        """Send the buffered writes, if any, as one statement."""
+        """Send the buffered writes, if any, as one statement (refusals, rare, as another)."""
+        if self._refusals:
+            refusals, self._refusals = self._refusals, []
+            await self.conn.execute(Q.rejection_record_refusal, *_columns(refusals, 8))
         if not (self._sagas or self._deadlines or self._outbox or self._log or self._orders):
             return
         sagas, deadlines, out, log_rows, orders = (
@@ -238,9 +298,11 @@ class Store:
         try:
             return await attempt()  # the common case pays nothing for the retry machinery
         except TRANSIENT_DB_ERRORS as exc:
+            if not is_transient(exc):
+                raise
             log.warning("database: %r; retrying for up to %gs", exc, self._db_retry_s)
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
+            retry=retry_if_exception(is_transient),
             wait=wait_exponential(multiplier=0.05, max=2.0),
             stop=stop_after_delay(self._db_retry_s),
             reraise=True,
@@ -250,25 +312,41 @@ class Store:
                 with trial:
                     return await attempt()
         except TRANSIENT_DB_ERRORS as exc:
+            if not is_transient(exc):
+                raise
             raise RetryLater(f"database unavailable: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def record_rejection(
-        self, *, ids: dict[str, str | None], rule: str, reason: str, body: bytes
+        self,
+        ident: Identity,
+        *,
+        sender: str | None,
+        rule: str,
+        reason: str,
+        body: bytes,
+        keep_bytes: int,
     ) -> None:
+        """A refused command, named by its ids where they are well formed; of a body over the
+        size limit only the first ``keep_bytes`` are kept, with its real size."""
+        ids = peek(body)
+
         async def work(tx: Tx) -> None:
             await tx.conn.execute(
-                Q.rejection_insert,
-                ids.get("message_id"),
-                ids.get("saga_id"),
-                ids.get("order_id"),
-                ids.get("type"),
-                rule,
-                reason,
-                body,
-            )
+                Q.rejection_insert, ident.message_id, ids["saga_id"], ids["order_id"],
+                ids["type"], rule, clean(reason, 2000), body[:keep_bytes], ident.transport_id,
+                sender, len(body),
+            )  # fmt: skip
 
         await self.run(work)
+
+    async def replayed_sender(self, header: object, message_id: str) -> tuple[bool, str | None]:
+        async with self.pool.acquire() as conn:
+            return await _original_sender(conn, header, message_id, False)
+
+    async def order_summary(self, order_id: str) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(Q.order_summary, order_id)
+        return None if row is None else dict(row)
 
     async def assign_seq(self, message_id: str, order_id: str) -> int:
         """The order's next command number, or the one this message already got."""

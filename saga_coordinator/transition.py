@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from saga_coordinator.register import SagaState, Step, compensation_key, forward_key
+from saga_coordinator.register import Decision, SagaState, Step, compensation_key, forward_key
 from shared.messages import (
     AbortSaga,
     ActionRequest,
+    AnyCommand,
     ApproveSaga,
     CommandReply,
     EventType,
@@ -36,6 +37,9 @@ class Transition:
     out: tuple[Outgoing, ...] = ()
     note: str = ""  # what happened, for the saga log (why a message was ignored, say)
     changed: bool = True
+    # A refused command: why, and the rule it broke (recorded with the gateway's rejections).
+    refused: str | None = None
+    rule: str = "saga_state"
 
 
 def request(state: SagaState, step: Step, phase: str, now: datetime) -> ActionRequest:
@@ -100,12 +104,38 @@ def reply(
         saga_id=command.saga_id,
         order_id=command.order_id,
         timestamp=now,
-        command_id=command.message_id,
+        command_id=command.client_message_id or command.message_id,
         command_type=command.type,
         reason=refusal or "",
     )
     return (Reply(command.reply_to, message),)
 
 
+def refuse(
+    state: SagaState | None,
+    command: StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga,
+    now: datetime,
+    reason: str,
+    rule: str = "saga_state",
+) -> Transition:
+    """A command refused: the register is unchanged, the sender is told why (when it gave a
+    reply_to), and the refusal is recorded either way."""
+    return Transition(
+        state, reply(command, now, reason), note=reason, changed=False, refused=reason, rule=rule
+    )
+
+
 def ignored(state: SagaState, note: str) -> Transition:
     return Transition(state, (), note=note, changed=False)
+
+
+def decided(kind: str, note: str, command: AnyCommand, now: datetime) -> Decision:
+    """A decision as the register keeps it: by the broker-verified sender of the command."""
+    sender = command.sender
+    return Decision(
+        kind=kind,
+        note=note,
+        at=now,
+        by=sender.user if sender else "",
+        role=sender.role if sender else "",
+    )

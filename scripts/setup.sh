@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set everything up on a fresh clone: virtualenv, install, database, topology. Idempotent.
+# Set everything up on a fresh clone: virtualenv, install, database schema, topology. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,4 +15,3 @@ if [ ! -f "$stamp" ]; then
     touch "$stamp"
 fi
 .venv/bin/saga --log-level WARNING migrate
-.venv/bin/saga --log-level WARNING declare

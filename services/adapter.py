@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 from tenacity import (
     AsyncRetrying,
     before_sleep_log,
+    retry_if_exception,
     retry_if_exception_type,
     stop_after_attempt,
     stop_after_delay,
@@ -29,6 +30,7 @@ from services.errors import TransientFailure
 from services.outcome import Verdict, build_outcome
 from services.registry import system_for
 from services.simulated import Stored
+from shared import trust
 from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.codec import decode_incoming
@@ -36,8 +38,9 @@ from shared.config import Settings
 from shared.crashpoints import crash_point
 from shared.errors import RetryLater
 from shared.failures import failure_recorder
+from shared.identity import Directory
 from shared.messages import ActionDone, ActionFailed, ActionRequest
-from shared.sql import TRANSIENT_DB_ERRORS
+from shared.sql import TRANSIENT_DB_ERRORS, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,7 @@ class Adapter:
         self.catalog = catalog
         self.bus = bus
         self.pool = pool
+        self.directory = Directory.from_settings(settings)
 
     async def run(self) -> None:
         """Consume this service's action queue until cancelled. Requests of different orders are
@@ -80,6 +84,7 @@ class Adapter:
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         req = decode_incoming(message, _REQUEST, self.settings.max_message_bytes)
+        trust.request(self.directory, req, message.user_id, self.service)  # Forged: dead letter
         outcome = await self.perform(req)
         crash_point("adapter.before_publish")
         try:
@@ -106,7 +111,7 @@ class Adapter:
         an immediate requeue would burn the delivery count in milliseconds and dead-letter a
         perfectly good request during a database restart."""
         holding = AsyncRetrying(
-            retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
+            retry=retry_if_exception(is_transient),
             wait=wait_exponential(multiplier=0.05, max=2.0),
             stop=stop_after_delay(self.db_retry_s),
             before_sleep=before_sleep_log(log, logging.WARNING),
@@ -117,6 +122,8 @@ class Adapter:
                 with attempt:
                     verdict, tries = await self._call_with_retries(req)
         except TRANSIENT_DB_ERRORS as exc:
+            if not is_transient(exc):
+                raise
             raise RetryLater(f"database unreachable during {req.action}: {exc!r}") from exc
         return build_outcome(req, verdict, tries)
 

@@ -7,7 +7,10 @@ from typing import Literal
 
 from services.errors import TransientFailure
 from services.simulated import Stored
+from shared.codec import check_shape
+from shared.errors import InvalidMessage
 from shared.messages import ActionDone, ActionFailed, ActionRequest
+from shared.text import clean
 
 # Fixed forever: changing it changes every outcome id, so in-flight duplicates would stop being
 # recognised as duplicates by the coordinator's inbox.
@@ -35,11 +38,31 @@ def reason_of(verdict: Verdict, tries: int) -> str:
         text = f"gave up after {tries} tries: {verdict}"
     else:
         text = verdict.error or "failed"
-    return text[:MAX_REASON]
+    return clean(text, MAX_REASON)  # a system's error text may hold anything
+
+
+def unfit_result(result: dict[str, object]) -> str | None:
+    """Why a system's result cannot travel in a message (a control character, a huge number),
+    or None. Such a result is reported as a failure whose effect may have landed."""
+    try:
+        check_shape(result)
+    except InvalidMessage as exc:
+        return exc.reason
+    return None
 
 
 def build_outcome(req: ActionRequest, verdict: Verdict, tries: int) -> ActionDone | ActionFailed:
     if isinstance(verdict, Stored) and verdict.outcome == "done":
+        unfit = unfit_result(dict(verdict.result or {}))
+        if unfit is not None:
+            reason = f"{req.action} answered with a result that cannot be carried: {unfit}"
+            return ActionFailed(
+                message_id=outcome_message_id(req.idempotency_key, "failed", req.attempt),
+                saga_id=req.saga_id, order_id=req.order_id, action=req.action,
+                phase=req.phase, step=req.step, idempotency_key=req.idempotency_key,
+                attempt=req.attempt, tries=max(tries, 1), reason=clean(reason, MAX_REASON),
+                effect_unknown=True,
+            )  # fmt: skip
         return ActionDone(
             message_id=outcome_message_id(req.idempotency_key, "done", req.attempt),
             saga_id=req.saga_id,

@@ -17,6 +17,8 @@ from pydantic import JsonValue
 from services.errors import PermanentFailure, TransientFailure
 from services.store import Conn, Q, from_json, to_json
 from shared.messages import ActionRequest
+from shared.sql import VALUE_ERRORS
+from shared.text import clean
 
 Handler = Callable[[Conn, ActionRequest], Awaitable[dict[str, JsonValue]]]
 
@@ -89,6 +91,10 @@ class SimulatedSystem:
                 return Stored.done(await handler(conn, req))
         except PermanentFailure as exc:
             return Stored.failed(str(exc))
+        except VALUE_ERRORS as exc:
+            # A value this system cannot take (out of its column's range, a character it
+            # refuses): a refusal, nothing landed; retrying would refuse it again.
+            return Stored.failed(f"{self.name} refused a value: {clean(str(exc), 500)}")
 
 
 async def stored_outcome(conn: Conn, req: ActionRequest) -> Stored:

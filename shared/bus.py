@@ -20,16 +20,23 @@ from aio_pika.abc import (
 from shared.codec import message_to_amqp
 from shared.config import Settings
 from shared.delivery import FailureHook, Handler, Outcome, deliver
-from shared.messages import Envelope
+from shared.identity import amqp_url_for, user_of_url
+from shared.messages import Envelope, Outbound
 from shared.topology import Topology
 
 log = logging.getLogger(__name__)
 
 
 class Bus:
-    def __init__(self, settings: Settings) -> None:
+    """``user``: connect as this broker user (its password from the secrets directory); by
+    default, as ``SAGA_AMQP_URL`` says. Every publish carries the user as ``user_id``, which the
+    broker checks: the receivers know who sent it."""
+
+    def __init__(self, settings: Settings, user: str | None = None) -> None:
         self.settings = settings
         self.topology = Topology.from_settings(settings)
+        self.url = settings.amqp_url if user is None else amqp_url_for(settings, user)
+        self.user = user_of_url(self.url)
         self._connection: AbstractRobustConnection | None = None
         self._publisher: AbstractChannel | None = None
         self._exchanges: dict[str, AbstractExchange] = {}
@@ -37,11 +44,15 @@ class Bus:
 
     async def connect(self) -> None:
         self._connection = await aio_pika.connect_robust(
-            self.settings.amqp_url, client_properties={"connection_name": "saga"}
+            self.url, client_properties={"connection_name": f"saga {self.user or ''}".strip()}
         )
         self._publisher = await self._connection.channel(
             publisher_confirms=True, on_return_raises=True
         )
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None
 
     async def close(self) -> None:
         if self._connection is not None:
@@ -84,14 +95,22 @@ class Bus:
             self._exchanges[name] = exchange
         return exchange
 
-    async def publish_raw(self, exchange: str, routing_key: str, message: aio_pika.Message) -> None:
+    async def publish_raw(
+        self,
+        exchange: str,
+        routing_key: str,
+        message: aio_pika.Message,
+        *,
+        mandatory: bool | None = None,
+    ) -> None:
         """Publish and wait for the broker's confirm. Work routes (partitions, actions) must reach
         a queue, so they are mandatory: an unroutable message raises instead of vanishing."""
         target = await self._exchange(exchange)
+        message.user_id = self.user
         await target.publish(
             message,
             routing_key,
-            mandatory=self._mandatory(exchange),
+            mandatory=self._mandatory(exchange) if mandatory is None else mandatory,
             timeout=self.settings.publish_timeout_s,
         )
         self._proven.add(exchange)
@@ -132,6 +151,8 @@ class Bus:
         # straight to aiormq's channel lock (FIFO), which writes its frames before the next
         # one's, so the order on the wire is the list's.
         targets = [await self._exchange(exchange) for exchange, _, _ in items]
+        for _, _, message in items:
+            message.user_id = self.user
         done = await asyncio.gather(
             *(
                 target.publish(
@@ -146,7 +167,7 @@ class Bus:
         )
         return [r if isinstance(r, BaseException) else None for r in done]
 
-    async def publish(self, exchange: str, routing_key: str, message: Envelope) -> None:
+    async def publish(self, exchange: str, routing_key: str, message: Outbound) -> None:
         await self.publish_raw(exchange, routing_key, message_to_amqp(message))
 
     async def to_partition(self, message: Envelope) -> None:

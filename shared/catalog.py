@@ -11,10 +11,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from shared.errors import CatalogError
-from shared.messages import Gate
+from shared.messages import Gate, ParamName
 
 ParamType = Literal["str", "int", "float", "bool"]
 Name = Annotated[str, Field(pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$")]
@@ -47,12 +47,54 @@ def answer_within_s(timeout_s: float, retry: RetryPolicy) -> float:
     return timeout_s * retry.attempts + retry.max_backoff_s * (retry.attempts - 1) + 2.0
 
 
+# What a parameter may hold when the catalog says nothing more: integers that fit a Postgres
+# integer column, finite floats of a sane size, strings of 1 to 1,000 characters.
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+FLOAT_LIMIT = 1e15
+
+
+class ParamSpec(_Strict):
+    """One parameter: ``quantity = "int"`` or ``quantity = { type = "int", min = 1, max = 99 }``."""
+
+    type: ParamType
+    min: float | None = None
+    max: float | None = None
+    min_length: int = Field(default=1, ge=0, le=100_000)
+    max_length: int = Field(default=1000, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _sane(self) -> ParamSpec:
+        low, high = self.bounds
+        if low > high:
+            raise ValueError(f"min {low} is above max {high}")
+        if self.min_length > self.max_length:
+            raise ValueError("min_length is above max_length")
+        if self.type == "int" and (low < INT_MIN * 2**32 or high > INT_MAX * 2**32):
+            raise ValueError("int bounds must fit in 64 bits")
+        return self
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        default = (INT_MIN, INT_MAX) if self.type == "int" else (-FLOAT_LIMIT, FLOAT_LIMIT)
+        low = default[0] if self.min is None else self.min
+        high = default[1] if self.max is None else self.max
+        return low, high
+
+
+def _param_specs(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: {"type": v} if isinstance(v, str) else v for k, v in value.items()}
+    return value
+
+
 class ActionSpec(_Strict):
     action_class: ActionClass = Field(alias="class")
     description: str = ""
     compensation: Name | None = None
     residue: str = ""
-    params: dict[str, ParamType] = Field(default_factory=dict)
+    params: Annotated[dict[ParamName, ParamSpec], BeforeValidator(_param_specs)] = Field(
+        default_factory=dict
+    )
     result: tuple[str, ...] = ()
     timeout_s: float = Field(default=10.0, gt=0, le=3600)
     retry: RetryPolicy = RetryPolicy()

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any
 
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue, ExchangeType
-from pydantic import JsonValue, TypeAdapter
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from pydantic import Field, JsonValue, TypeAdapter
 
 from shared.bus import Bus
 from shared.codec import decode
@@ -26,10 +26,14 @@ from shared.messages import (
     AbortSaga,
     AnyCommand,
     ApproveSaga,
+    Command,
     CommandReply,
+    DeskReply,
+    DiscardDeadLetter,
     Plan,
     QuerySaga,
     RejectSaga,
+    ReplayDeadLetters,
     ResolveSaga,
     ResumeSaga,
     SagaEvent,
@@ -39,8 +43,14 @@ from shared.messages import (
 TERMINAL_EVENTS = ("saga.completed", "saga.compensated", "saga.needs_human", "saga.resolved")
 # Where a saga stops for someone: wait() returns at these too when asked to.
 PAUSE_EVENTS = ("saga.awaiting_approval",)
-_REPLY: TypeAdapter[CommandReply] = TypeAdapter(CommandReply)
+_REPLY: TypeAdapter[CommandReply | DeskReply] = TypeAdapter(
+    Annotated[CommandReply | DeskReply, Field(discriminator="type")]
+)
 _EVENT: TypeAdapter[SagaEvent] = TypeAdapter(SagaEvent)
+
+
+class DeskRefused(SagaError):
+    """The desk could not do what was asked (no such dead letter)."""
 
 
 class CommandRejected(SagaError):
@@ -56,7 +66,7 @@ class SagaClient:
         self.reply_timeout_s = reply_timeout_s
         self._channel: AbstractChannel | None = None
         self._reply_queue: AbstractQueue | None = None
-        self._pending: dict[str, asyncio.Future[CommandReply]] = {}
+        self._pending: dict[str, asyncio.Future[CommandReply | DeskReply]] = {}
         # Outcomes seen and not yet waited for, per saga, in arrival order.
         self._outcomes: dict[str, list[SagaEvent]] = {}
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
@@ -77,9 +87,8 @@ class SagaClient:
         await self._reply_queue.consume(self._on_reply, no_ack=True)
         # Bound before any command is sent, so no outcome can slip past unseen.
         events = await channel.declare_queue(exclusive=True, auto_delete=True)
-        exchange = await channel.declare_exchange(
-            self.bus.topology.events_exchange, ExchangeType.TOPIC, durable=True
-        )
+        # Passive: an agent may not declare exchanges, only check that this one exists.
+        exchange = await channel.get_exchange(self.bus.topology.events_exchange, ensure=True)
         for key in (*TERMINAL_EVENTS, *PAUSE_EVENTS):
             await events.bind(exchange, routing_key=key)
         await events.consume(self._on_event, no_ack=True)
@@ -109,58 +118,57 @@ class SagaClient:
         await self._send(command)
         return command.saga_id
 
-    # Decisions about a running saga. ``by`` names who decided (kept in the register);
-    # ``person`` says it was a person, not an agent (an approval gate may require one).
+    # Decisions about a running saga. Who decided is not an argument: it is the broker user
+    # this client connects as, which the broker verifies and the register records.
 
-    async def abort(
-        self, saga_id: str, *, order_id: str, reason: str, by: str = "", person: bool = False
-    ) -> None:
+    async def abort(self, saga_id: str, *, order_id: str, reason: str) -> None:
         """Stop forward progress; everything that may have landed is compensated."""
-        await self._decide(AbortSaga, saga_id, order_id, by, person, reason=reason)
+        await self._send(AbortSaga(saga_id=saga_id, order_id=order_id, reason=reason,
+                                   reply_to=self._reply_to()))  # fmt: skip
 
-    async def resume(
-        self, saga_id: str, *, order_id: str, note: str = "", by: str = "", person: bool = False
-    ) -> None:
-        """Continue compensating a saga in ``needs_human``."""
-        await self._decide(ResumeSaga, saga_id, order_id, by, person, note=note)
+    async def resume(self, saga_id: str, *, order_id: str, note: str = "") -> None:
+        """Continue compensating a saga in ``needs_human`` (operators and people)."""
+        await self._send(ResumeSaga(saga_id=saga_id, order_id=order_id, note=note,
+                                    reply_to=self._reply_to()))  # fmt: skip
 
-    async def resolve(
-        self, saga_id: str, *, order_id: str, note: str, by: str = "", person: bool = True
-    ) -> None:
+    async def resolve(self, saga_id: str, *, order_id: str, note: str) -> None:
         """A person takes over a saga in ``needs_human``; its order is released."""
-        await self._decide(ResolveSaga, saga_id, order_id, by, person, note=note)
+        await self._send(ResolveSaga(saga_id=saga_id, order_id=order_id, note=note,
+                                     reply_to=self._reply_to()))  # fmt: skip
 
-    async def approve(
-        self, saga_id: str, *, order_id: str, note: str = "", by: str = "", person: bool = False
-    ) -> None:
-        """Let a saga waiting at an approval gate go on."""
-        await self._decide(ApproveSaga, saga_id, order_id, by, person, note=note)
+    async def approve(self, saga_id: str, *, order_id: str, note: str = "") -> None:
+        """Let a saga waiting at an approval gate go on (a person, or operations where the
+        gate allows it; never an agent)."""
+        await self._send(ApproveSaga(saga_id=saga_id, order_id=order_id, note=note,
+                                     reply_to=self._reply_to()))  # fmt: skip
 
-    async def reject(
-        self, saga_id: str, *, order_id: str, reason: str, by: str = "", person: bool = False
-    ) -> None:
+    async def reject(self, saga_id: str, *, order_id: str, reason: str) -> None:
         """Refuse at the gate: the saga compensates what has landed."""
-        await self._decide(RejectSaga, saga_id, order_id, by, person, reason=reason)
+        await self._send(RejectSaga(saga_id=saga_id, order_id=order_id, reason=reason,
+                                    reply_to=self._reply_to()))  # fmt: skip
 
-    async def _decide(
+    # The operators' desk: dead letters.
+
+    async def replay_dead_letters(
         self,
-        kind: type[AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga],
-        saga_id: str,
-        order_id: str,
-        by: str,
-        person: bool,
-        **fields: str,
-    ) -> None:
-        by_kind: Literal["person", "agent"] = "person" if person else "agent"
-        command = kind(
-            saga_id=saga_id,
-            order_id=order_id,
-            by=by,
-            by_kind=by_kind,
+        *,
+        dead_letter_id: int | None = None,
+        order_id: str | None = None,
+        every: bool = False,
+        note: str = "",
+    ) -> DeskReply:
+        """Republish dead letters (one, an order's in its publish order, or all)."""
+        command = ReplayDeadLetters(
+            dead_letter_id=dead_letter_id, order_id=order_id, all=every, note=note,
             reply_to=self._reply_to(),
-            **fields,
+        )  # fmt: skip
+        return await self._send_desk(command)
+
+    async def discard_dead_letter(self, dead_letter_id: int, *, reason: str) -> DeskReply:
+        command = DiscardDeadLetter(
+            dead_letter_id=dead_letter_id, reason=reason, reply_to=self._reply_to()
         )
-        await self._send(command)
+        return await self._send_desk(command)
 
     async def status(self, saga_id: str, *, order_id: str) -> dict[str, Any]:
         """The saga's register as it stands (``CommandRejected`` if there is no such saga)."""
@@ -201,17 +209,31 @@ class SagaClient:
         return self._reply_queue.name
 
     async def _send(self, command: AnyCommand | QuerySaga) -> CommandReply:
-        future: asyncio.Future[CommandReply] = asyncio.get_running_loop().create_future()
-        self._pending[command.message_id] = future
-        try:
-            await self.bus.publish(self.bus.topology.commands_exchange, command.type, command)
-            reply = await asyncio.wait_for(future, self.reply_timeout_s)
-        finally:
-            self._pending.pop(command.message_id, None)
+        reply = await self._request(command)
+        assert isinstance(reply, CommandReply)
         self.last_reply = reply
         if reply.type == "command.rejected":
             raise CommandRejected(reply)
         return reply
+
+    async def _send_desk(self, command: ReplayDeadLetters | DiscardDeadLetter) -> DeskReply:
+        reply = await self._request(command)
+        if isinstance(reply, CommandReply):  # refused by the gateway before the desk saw it
+            raise CommandRejected(reply)
+        if reply.type == "desk.refused":
+            raise DeskRefused(reply.reason)
+        return reply
+
+    async def _request(self, command: Command) -> CommandReply | DeskReply:
+        future: asyncio.Future[CommandReply | DeskReply] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._pending[command.message_id] = future
+        try:
+            await self.bus.publish(self.bus.topology.commands_exchange, command.type, command)
+            return await asyncio.wait_for(future, self.reply_timeout_s)
+        finally:
+            self._pending.pop(command.message_id, None)
 
     async def _on_reply(self, message: AbstractIncomingMessage) -> None:
         reply = self._decode(message, _REPLY)

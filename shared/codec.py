@@ -1,9 +1,17 @@
-"""The one module that converts messages to and from AMQP."""
+"""The one module that converts messages to and from AMQP.
+
+Every body is checked before any model sees it: size, UTF-8, JSON without NaN or Infinity, then
+its shape (nesting depth, number of values, integer range, finite floats, and no character that
+Postgres or a terminal cannot take). Whatever goes wrong, ``decode`` raises ``InvalidMessage``
+naming what is wrong; it never lets another exception out.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -12,7 +20,8 @@ from aio_pika.abc import AbstractIncomingMessage
 from pydantic import TypeAdapter, ValidationError
 
 from shared.errors import InvalidMessage
-from shared.messages import Command, Envelope, PartitionMessage
+from shared.messages import Command, Outbound, PartitionMessage
+from shared.text import clean, first_unsafe
 
 T = TypeVar("T")
 
@@ -20,8 +29,22 @@ COMMANDS: TypeAdapter[Command] = TypeAdapter(Command)
 PARTITION: TypeAdapter[PartitionMessage] = TypeAdapter(PartitionMessage)
 CONTENT_TYPE = "application/json"
 
+# The shape any body must keep to. Real messages are a few levels deep and a few dozen values;
+# these bounds leave room and stop a hostile body long before it costs anything.
+MAX_DEPTH = 32
+MAX_VALUES = 10_000
+INT_BOUND = 2**63  # integers must fit a signed 64-bit column
+# peek() reads ids out of bodies already refused, so it must not be the costly part: a body
+# larger than this is named by its hash.
+PEEK_BYTES = 1024 * 1024
 
-def encode(message: Envelope) -> bytes:
+ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
+TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z0-9_]+){1,3}$")
+# A queue the broker named for a client (amq.gen-...) or one a client named itself.
+QUEUE_PATTERN = re.compile(r"^[A-Za-z0-9_.:@-]{1,255}$")
+
+
+def encode(message: Outbound) -> bytes:
     return message.model_dump_json().encode()
 
 
@@ -44,17 +67,21 @@ def to_amqp(
     )
 
 
-def message_to_amqp(message: Envelope) -> aio_pika.Message:
+def message_to_amqp(message: Outbound) -> aio_pika.Message:
     return to_amqp(
         encode(message),
         message_id=message.message_id,
         message_type=message.type,
-        order_id=message.order_id,
+        order_id=getattr(message, "order_id", None) or "",
     )
 
 
-def decode(body: bytes, adapter: TypeAdapter[T], *, max_bytes: int) -> T:
-    """Parse and validate a body; every failure is an ``InvalidMessage`` naming what is wrong."""
+def _no_constant(name: str) -> Any:
+    raise InvalidMessage(f"body is not JSON: {name} is not a number JSON allows")
+
+
+def parse(body: bytes, *, max_bytes: int) -> dict[str, Any]:
+    """The body as a JSON object whose shape ``check_shape`` accepts."""
     if len(body) > max_bytes:
         raise InvalidMessage(f"body of {len(body)} bytes is over the limit of {max_bytes}")
     try:
@@ -62,11 +89,68 @@ def decode(body: bytes, adapter: TypeAdapter[T], *, max_bytes: int) -> T:
     except UnicodeDecodeError as exc:
         raise InvalidMessage(f"body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise InvalidMessage(f"body is not JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:
+        raise InvalidMessage(f"body is nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise InvalidMessage(f"body is not acceptable JSON: {clean(str(exc), 200)}") from None
     if not isinstance(raw, dict):
         raise InvalidMessage("body must be a JSON object")
+    check_shape(raw)
+    return raw
+
+
+def check_shape(value: Any) -> None:
+    """Depth, size, integer range, finite floats and safe characters (keys included), walked
+    without recursion so that no body can exhaust the stack."""
+    pending: list[tuple[Any, int, str]] = [(value, 1, "")]
+    seen = 0
+    while pending:
+        item, depth, path = pending.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            raise InvalidMessage(f"body holds more than {MAX_VALUES} values")
+        if depth > MAX_DEPTH:
+            raise InvalidMessage(f"{path or 'body'}: nested deeper than {MAX_DEPTH} levels")
+        if isinstance(item, str):
+            _check_text(item, path)
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int):
+            if not -INT_BOUND <= item < INT_BOUND:
+                raise InvalidMessage(f"{path or 'body'}: integer outside the 64-bit range")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise InvalidMessage(f"{path or 'body'}: number too large")
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                where = f"{path}.{key}" if path else key
+                _check_text(key, f"{path or 'body'}: a key")
+                pending.append((child, depth + 1, clean(where, 120)))
+        elif isinstance(item, list):
+            pending.extend((child, depth + 1, f"{path}[{i}]") for i, child in enumerate(item))
+
+
+def _check_text(text: str, path: str) -> None:
+    problem = first_unsafe(text)
+    if problem is not None:
+        raise InvalidMessage(f"{path or 'body'}: {problem} is not allowed")
+
+
+def decode(
+    body: bytes,
+    adapter: TypeAdapter[T],
+    *,
+    max_bytes: int,
+    defaults: dict[str, str] | None = None,
+) -> T:
+    """Parse and validate a body; every failure is an ``InvalidMessage`` naming what is wrong.
+    ``defaults``: top-level fields a body may leave out (the AMQP message-id, for one)."""
+    raw = parse(body, max_bytes=max_bytes)
+    for key, value in (defaults or {}).items():
+        raw.setdefault(key, value)
     try:
         return adapter.validate_python(raw)
     except ValidationError as exc:
@@ -74,33 +158,56 @@ def decode(body: bytes, adapter: TypeAdapter[T], *, max_bytes: int) -> T:
 
 
 def decode_incoming(message: AbstractIncomingMessage, adapter: TypeAdapter[T], max_bytes: int) -> T:
-    return decode(message.body, adapter, max_bytes=max_bytes)
+    """A delivery's body; one without an id of its own takes the AMQP message-id (a message
+    re-sent under the same property is then a duplicate the inbox absorbs)."""
+    transport = well_formed_id(message.message_id)
+    defaults = {"message_id": transport} if transport else None
+    return decode(message.body, adapter, max_bytes=max_bytes, defaults=defaults)
 
 
 def describe(exc: ValidationError, tag: object = None) -> str:
-    """One line per problem, each naming the field: ``params.quantity: Input should be ...``."""
+    """One line per problem, each naming the field: ``params.quantity: Input should be ...``.
+    Field names may be a sender's invention: they are cleaned before they are shown."""
     parts = []
-    for err in exc.errors(include_url=False):
+    for err in exc.errors(include_url=False, include_input=False):
         path = list(err["loc"])
         if path and path[0] == tag:  # a discriminated union puts the type tag first
             path = path[1:]
         loc = ".".join(str(p) for p in path) or "message"
-        parts.append(f"{loc}: {err['msg']}")
+        parts.append(f"{clean(loc, 120)}: {clean(err['msg'], 300)}")
+        if len(parts) == 10:
+            parts.append(f"and {exc.error_count() - 10} more")
+            break
     return "; ".join(parts)
 
 
 def peek(body: bytes) -> dict[str, str | None]:
-    """Best-effort identifiers of a body that may be invalid, to name it in errors and replies."""
-    keys = ("message_id", "type", "saga_id", "order_id", "reply_to")
-    try:
-        raw = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raw = None
-    if not isinstance(raw, dict):
-        return dict.fromkeys(keys)
-    return {
-        k: v if isinstance(v, str) and len(v) <= 255 else None for k in keys for v in [raw.get(k)]
+    """Best-effort identifiers of a body that may be invalid, to name it in errors and replies:
+    only values that are well-formed identifiers, so whatever is built from them cannot fail."""
+    patterns = {
+        "message_id": ID_PATTERN,
+        "type": TYPE_PATTERN,
+        "saga_id": ID_PATTERN,
+        "order_id": ID_PATTERN,
+        "reply_to": QUEUE_PATTERN,
     }
+    raw: Any = None
+    if len(body) <= PEEK_BYTES:
+        try:
+            raw = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raw = None
+    if not isinstance(raw, dict):
+        return dict.fromkeys(patterns)
+    found: dict[str, str | None] = {}
+    for key, pattern in patterns.items():
+        value = raw.get(key)
+        found[key] = value if isinstance(value, str) and pattern.match(value) else None
+    return found
+
+
+def well_formed_id(value: object) -> str | None:
+    return value if isinstance(value, str) and ID_PATTERN.match(value) else None
 
 
 @dataclass(frozen=True)
@@ -111,17 +218,19 @@ class Identity:
     order_id: str | None
     saga_id: str | None
     message_type: str | None
+    transport_id: str | None = None  # the AMQP message-id property, when well formed
 
 
 def identify(body: bytes, message_id: str | None, headers: dict[str, Any]) -> Identity:
     """The body's own id first (the one the coordinator applies, and unblocks by), then the AMQP
     property; a message with no id at all is named by a hash of its body, so every component
-    names the same broken message the same way."""
+    names the same broken message the same way. The order comes from the body (a header is only
+    a hint, and anyone can set one)."""
     seen = peek(body)
-    header_order = headers.get("x-order-id")
-    order_id = header_order if isinstance(header_order, str) else seen["order_id"]
-    mid = seen["message_id"] or message_id or f"body:{hashlib.sha256(body).hexdigest()[:24]}"
-    return Identity(mid, order_id, seen["saga_id"], seen["type"])
+    transport = well_formed_id(message_id)
+    order_id = seen["order_id"] or well_formed_id(headers.get("x-order-id"))
+    mid = seen["message_id"] or transport or f"body:{hashlib.sha256(body).hexdigest()[:24]}"
+    return Identity(mid, order_id, seen["saga_id"], seen["type"], transport)
 
 
 def identify_incoming(message: AbstractIncomingMessage) -> Identity:

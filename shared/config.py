@@ -18,6 +18,8 @@ from shared.errors import ConfigError
 
 _NAMESPACE = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
 _SHARE = re.compile(r"^(\d+)/(\d+)$")
+_PREFIX = re.compile(r"^[a-z][a-z0-9_-]{0,19}$")
+_USER = re.compile(r"^[A-Za-z0-9_.@*-]{1,64}$")
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,27 @@ class Settings:
     # and stands by for the others (subscribed standby_after_s later). "0/1": all of them.
     coordinator_share: str = "0/1"
     standby_after_s: float = 2.0
+    # Who is who on the broker (see shared.identity). "roles": every component connects as its
+    # own user and every message's sender is checked; "shared": one account for everything, for
+    # a developer's machine and tests only (nothing is verified).
+    identity: str = "roles"
+    user_prefix: str = "saga-"
+    # Agents' broker users (comma-separated, * allowed); empty: <prefix>agent and <prefix>agent-*.
+    agents: str = ""
+    # People's broker users (comma-separated): only they decide at gates and resolve.
+    people: str = ""
+    # Where the set-up wrote each role's password (rabbitmq/<user>, postgres/<role>); with it,
+    # one process can run several components, each connected as its own role.
+    secrets_dir: str = ""
+    # Which account the CLI acts as when the secrets are there (a person's, or the ops user).
+    act_as: str = ""
+    # Commands per second each agent may send (a token bucket at the intake), and its burst.
+    agent_rate: float = 50.0
+    agent_burst: int = 200
 
     def __post_init__(self) -> None:
         self._check_events()
+        self._check_identity()
         share = _SHARE.match(self.coordinator_share)
         if share is None or not int(share[1]) < int(share[2]) <= 1024:
             raise ConfigError(
@@ -85,6 +105,20 @@ class Settings:
                 raise ConfigError(
                     f"SAGA_{name.upper()}={getattr(self, name)}: must be in (0, 3600]"
                 )
+
+    def _check_identity(self) -> None:
+        if self.identity not in ("roles", "shared"):
+            raise ConfigError(f"SAGA_IDENTITY {self.identity!r}: use 'roles' or 'shared'")
+        if not _PREFIX.match(self.user_prefix):
+            raise ConfigError(
+                f"SAGA_USER_PREFIX {self.user_prefix!r}: use [a-z][a-z0-9_-]*, at most 20"
+            )
+        for name, text in (("SAGA_AGENTS", self.agents), ("SAGA_PEOPLE", self.people)):
+            for user in (u.strip() for u in text.split(",")):
+                if user and not _USER.match(user):
+                    raise ConfigError(f"{name}: {user!r} is not a user name ([A-Za-z0-9_.@*-])")
+        if not 0 < self.agent_rate <= 1_000_000 or not 1 <= self.agent_burst <= 1_000_000:
+            raise ConfigError("SAGA_AGENT_RATE must be in (0, 1e6], SAGA_AGENT_BURST in 1..1e6")
 
     def _check_events(self) -> None:
         from shared.messages import EVENT_TYPES  # messages do not need the settings

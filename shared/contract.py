@@ -15,10 +15,14 @@ from shared.messages import (
     ActionDone,
     ActionFailed,
     ActionRequest,
+    Alert,
     ApproveSaga,
     CommandReply,
+    DeskReply,
+    DiscardDeadLetter,
     QuerySaga,
     RejectSaga,
+    ReplayDeadLetters,
     ResolveSaga,
     ResumeSaga,
     SagaEvent,
@@ -34,13 +38,20 @@ COMMANDS: dict[str, type[BaseModel]] = {
     "saga.approve": ApproveSaga,
     "saga.reject": RejectSaga,
     "saga.status": QuerySaga,
+    "dlq.replay": ReplayDeadLetters,
+    "dlq.discard": DiscardDeadLetter,
 }
 ADAPTER: dict[str, type[BaseModel]] = {
     "action.request": ActionRequest,
     "action.done": ActionDone,
     "action.failed": ActionFailed,
 }
-OUT: dict[str, type[BaseModel]] = {"command.reply": CommandReply, "saga.event": SagaEvent}
+OUT: dict[str, type[BaseModel]] = {
+    "command.reply": CommandReply,
+    "desk.reply": DeskReply,
+    "saga.event": SagaEvent,
+    "alert": Alert,
+}
 MESSAGES: dict[str, type[BaseModel]] = {**COMMANDS, **ADAPTER, **OUT}
 
 
@@ -83,7 +94,8 @@ def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
         "channels": {
             **{
                 f"{t.commands_exchange}/{key}": {
-                    "description": f"Agents publish {key} here (topic exchange, key {key}).",
+                    "description": f"Publish {key} here (topic exchange, key {key}), with the "
+                    "AMQP user_id property set to your broker user.",
                     "publish": {"message": _message(key, model.__doc__ or key)},
                     "bindings": bindings,
                 }
@@ -91,7 +103,20 @@ def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
             },
             "reply_to": {
                 "description": "The agent's own queue, named in a command's reply_to.",
-                "subscribe": {"message": _message("command.reply", "accepted, rejected or parked")},
+                "subscribe": {
+                    "message": {
+                        "oneOf": [
+                            _message("command.reply", "accepted, rejected or parked"),
+                            _message("desk.reply", "what the desk did with dead letters"),
+                        ]
+                    }
+                },
+            },
+            f"{t.events_exchange}/alert.#": {
+                "description": "Alerts that belong to no saga: forged messages, dead letters "
+                "that could not be stored, agents over their rate.",
+                "subscribe": {"message": _message("alert", "Something for an operator")},
+                "bindings": bindings,
             },
             f"{t.events_exchange}/#": {
                 "description": "Lifecycle events; the routing key is the event type.",

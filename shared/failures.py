@@ -10,26 +10,30 @@ from aio_pika.abc import AbstractIncomingMessage
 from shared.codec import identify_incoming
 from shared.delivery import FailureHook, Outcome
 from shared.sql import Queries
+from shared.text import clean
 
 Q = Queries(Path(__file__).with_name("sql") / "failures.sql")
 
 
 def failure_recorder(pool: asyncpg.Pool, queue: str, *, block_order: bool) -> FailureHook:
     """Each failed attempt is stored with its error, so the dead letter can say why. Consumers
-    of an order's convoy (intake, partitions) also block the order at the first failure: with a
-    prefetch above one, later messages of the order are already in hand and would otherwise be
-    handled before the failed one comes back. One attempt only: when the database is down the
-    message is retried anyway, and the hook must not hold the delivery."""
+    of an order's convoy (partitions) also block the order at the first failure of a message that
+    will be retried: with a prefetch above one, later messages of the order are already in hand
+    and would otherwise be handled before the failed one comes back. A message refused at once
+    (invalid, forged) blocks nothing: only a valid message a handler failed on may hold its
+    order. One attempt only: when the database is down the message is retried anyway, and the
+    hook must not hold the delivery."""
 
     async def on_failure(
         message: AbstractIncomingMessage, error: BaseException, outcome: Outcome
     ) -> None:
         ident = identify_incoming(message)
-        text = f"{type(error).__name__}: {error}"[:4000]
+        text = clean(f"{type(error).__name__}: {error}", 4000)
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute(Q.failure_upsert, ident.message_id, ident.order_id, queue, text)
-            if block_order and ident.order_id is not None:
-                state = "dead" if outcome is Outcome.DEAD_LETTER else "retrying"
-                await conn.execute(Q.block_upsert, ident.order_id, ident.message_id, state, text)
+            if block_order and outcome is Outcome.RETRY and ident.order_id is not None:
+                await conn.execute(
+                    Q.block_upsert, ident.order_id, ident.message_id, "retrying", text
+                )
 
     return on_failure

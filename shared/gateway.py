@@ -11,11 +11,20 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, create_model
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+)
 
-from shared.catalog import ActionClass, ActionSpec, Catalog, answer_within_s
+from shared.catalog import ActionClass, ActionSpec, Catalog, ParamSpec, answer_within_s
 from shared.errors import CatalogError, PlanRejected
 from shared.messages import Gate, Plan, StartSaga
+from shared.text import clean
 from shared.topology import SERVICES
 
 
@@ -26,12 +35,26 @@ def _no_bool(value: Any) -> Any:
     return value
 
 
-_PY_TYPES: dict[str, Any] = {
-    "str": str,
-    "int": Annotated[int, BeforeValidator(_no_bool)],
-    "float": Annotated[float, BeforeValidator(_no_bool)],
-    "bool": bool,
-}
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
+def _python_type(spec: ParamSpec) -> Any:
+    """The pydantic type of one parameter, bounds included: a value the systems' columns could
+    not take is refused here, before the saga starts, never by an adapter half-way through."""
+    low, high = spec.bounds
+    if spec.type == "int":
+        return Annotated[int, BeforeValidator(_no_bool), Field(ge=int(low), le=int(high))]
+    if spec.type == "float":
+        return Annotated[
+            float, BeforeValidator(_no_bool), Field(ge=low, le=high, allow_inf_nan=False)
+        ]
+    if spec.type == "bool":
+        return bool
+    text = Annotated[str, Field(min_length=spec.min_length, max_length=spec.max_length)]
+    return Annotated[text, AfterValidator(_not_blank)] if spec.min_length else text
 
 
 @dataclass(frozen=True)
@@ -169,9 +192,9 @@ def check_catalog(catalog: Catalog, *, source: str = "catalog") -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _params_model(kinds: tuple[tuple[str, str], ...]) -> type[BaseModel]:
+def _params_model(kinds: tuple[tuple[str, ParamSpec], ...]) -> type[BaseModel]:
     """One model per parameter list: building a pydantic model costs more than validating."""
-    fields: dict[str, Any] = {key: (_PY_TYPES[kind], ...) for key, kind in kinds}
+    fields: dict[str, Any] = {key: (_python_type(spec), ...) for key, spec in kinds}
     return create_model("SagaParams", __config__=ConfigDict(extra="forbid"), **fields)
 
 
@@ -179,18 +202,19 @@ def validate_params(
     catalog: Catalog, steps: Sequence[str], params: Mapping[str, Any]
 ) -> tuple[dict[str, Any], ...]:
     """Validate the saga's flat parameters against every step's schema; return each step's own."""
-    kinds: dict[str, str] = {}
+    kinds: dict[str, ParamSpec] = {}
     for name in steps:
         kinds.update(catalog.actions[name].params)
     model = _params_model(tuple(kinds.items()))
     try:
-        clean = model.model_validate(dict(params)).model_dump()
+        valid = model.model_validate(dict(params)).model_dump()
     except ValidationError as exc:
         problems = "; ".join(
-            f"params.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            clean(f"params.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}", 300)
+            for e in exc.errors(include_url=False, include_input=False)[:10]
         )
         raise PlanRejected("params_invalid", problems) from None
-    return tuple({k: clean[k] for k in catalog.actions[name].params} for name in steps)
+    return tuple({k: valid[k] for k in catalog.actions[name].params} for name in steps)
 
 
 def _deadlines(catalog: Catalog, action: str) -> tuple[Deadlines, Deadlines]:

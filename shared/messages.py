@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, get_args
 from uuid import uuid4
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, model_validator
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -19,8 +19,19 @@ Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za
 ActionName = Annotated[
     str, Field(min_length=3, max_length=128, pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$")
 ]
-Params = dict[Annotated[str, Field(max_length=64)], JsonValue]
+ParamName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+Params = Annotated[dict[ParamName, JsonValue], Field(max_length=64)]
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=300, pattern=r"^[A-Za-z0-9_.:@-]+$")]
 Phase = Literal["forward", "compensation"]
+# Who sent a message, as the broker vouched for it (the AMQP user_id it checked against the
+# connection's user) and as the deployment's directory of users names their role.
+Role = Literal[
+    "coordinator", "inventory", "erp", "payments", "email", "ops", "console", "agent", "person"
+]
+Count = Annotated[int, Field(ge=1, le=10_000)]
+# Why, for the register: a person's words, never blank.
+Reason = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
+Note = Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)]
 
 
 def _now() -> datetime:
@@ -53,8 +64,9 @@ class Gate(BaseModel):
     timeout_s: float = Field(default=3600.0, gt=0, le=30 * 24 * 3600)
     # What the gate's timeout means: by default nobody approved, so the saga compensates.
     on_timeout: Literal["compensate", "approve"] = "compensate"
-    # Approvals and rejections must come from a person (a command whose by_kind is "person").
-    require_person: bool = False
+    # Who may decide: a person's own account, or (false) also an operations account. An agent
+    # never decides at a gate: a gate it could open itself would guard nothing.
+    require_person: bool = True
 
 
 class PlanStep(BaseModel):
@@ -71,15 +83,28 @@ class Plan(BaseModel):
     compensation_priority: tuple[ActionName, ...] = ()
 
 
+class Sender(BaseModel):
+    """The verified sender of a command: set by the intake from the broker's user_id, never
+    taken from what a client wrote."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    user: Identifier
+    role: Role
+
+
 class _Command(Envelope):
-    reply_to: str | None = Field(default=None, max_length=255)
-    # Who asked (a person's or an agent's name), for the register, and what they are. The
-    # broker does not authenticate this: deployments that need it give people their own accounts.
-    by: str = Field(default="", max_length=200)
-    by_kind: Literal["person", "agent"] = "agent"
-    # Set by the intake: the order's command number, in arrival order. The coordinator applies
-    # commands of one order strictly in this order and parks any that arrive ahead of a gap.
-    seq: int | None = Field(default=None, ge=1)
+    reply_to: str | None = Field(
+        default=None, min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:@-]+$"
+    )
+    # Set by the intake, never by a client: who sent the command (verified by the broker) and
+    # the order's command number, in arrival order. The coordinator applies commands of one
+    # order strictly in this order and parks any that arrive ahead of a gap.
+    sender: Sender | None = None
+    seq: int | None = Field(default=None, ge=1, le=2**62)
+    # The id the client gave the command: replies name it. The intake forwards the command under
+    # an id of its own, derived from the sender and this one, so no client can choose an id
+    # that another message of the system (another agent's command, a service's outcome) uses.
+    client_message_id: Identifier | None = None
 
 
 class StartSaga(_Command):
@@ -97,29 +122,29 @@ class StartSaga(_Command):
 
 class AbortSaga(_Command):
     type: Literal["saga.abort"] = "saga.abort"
-    reason: str = Field(min_length=1, max_length=2000)
+    reason: Reason
 
 
 class ResumeSaga(_Command):
     type: Literal["saga.resume"] = "saga.resume"
-    note: str = Field(default="", max_length=2000)
+    note: Note = ""
 
 
 class ResolveSaga(_Command):
     """A person takes over a saga stuck in ``needs_human``: it ends as ``resolved``."""
 
     type: Literal["saga.resolve"] = "saga.resolve"
-    note: str = Field(min_length=1, max_length=2000)
+    note: Reason
 
 
 class ApproveSaga(_Command):
     type: Literal["saga.approve"] = "saga.approve"
-    note: str = Field(default="", max_length=2000)
+    note: Note = ""
 
 
 class RejectSaga(_Command):
     type: Literal["saga.reject"] = "saga.reject"
-    reason: str = Field(min_length=1, max_length=2000)
+    reason: Reason
 
 
 class QuerySaga(_Command):
@@ -129,7 +154,51 @@ class QuerySaga(_Command):
 
 
 AnyCommand = StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga
-Command = Annotated[AnyCommand | QuerySaga, Field(discriminator="type")]
+
+
+# --- the operators' desk: dead letters, handled by the intake at once (not per order) ----------
+
+
+class _DeskCommand(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    message_id: Identifier = Field(default_factory=_new_id)
+    type: str
+    timestamp: datetime = Field(default_factory=_now)
+    schema_version: Literal[1] = SCHEMA_VERSION
+    reply_to: str | None = Field(
+        default=None, min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.:@-]+$"
+    )
+    sender: Sender | None = None  # set by the intake
+
+
+class ReplayDeadLetters(_DeskCommand):
+    """Republish dead letters to where they were first headed: one, an order's, or all."""
+
+    type: Literal["dlq.replay"] = "dlq.replay"
+    dead_letter_id: int | None = Field(default=None, ge=1, le=2**62)
+    order_id: Identifier | None = None
+    all: bool = False
+    note: Note = ""
+
+    @model_validator(mode="after")
+    def _one_target(self) -> ReplayDeadLetters:
+        given = (self.dead_letter_id is not None) + (self.order_id is not None) + self.all
+        if given != 1:
+            raise ValueError("give exactly one of 'dead_letter_id', 'order_id' or 'all'")
+        return self
+
+
+class DiscardDeadLetter(_DeskCommand):
+    """Give up on a dead letter; what that means for its saga depends on what it was."""
+
+    type: Literal["dlq.discard"] = "dlq.discard"
+    dead_letter_id: int = Field(ge=1, le=2**62)
+    reason: Reason
+
+
+DeskCommand = ReplayDeadLetters | DiscardDeadLetter
+Command = Annotated[AnyCommand | QuerySaga | DeskCommand, Field(discriminator="type")]
 
 # --- actions: coordinator -> adapters -> partition ---------------------------------------------
 
@@ -138,20 +207,20 @@ class ActionRequest(Envelope):
     type: Literal["action.request"] = "action.request"
     action: ActionName
     phase: Phase
-    step: int = Field(ge=0)
-    idempotency_key: str = Field(min_length=1, max_length=300)
+    step: int = Field(ge=0, le=999)
+    idempotency_key: IdempotencyKey
     params: Params
-    attempt: int = Field(default=1, ge=1)
-    timeout_s: float = Field(gt=0)
+    attempt: Count = 1
+    timeout_s: float = Field(gt=0, le=3600)
 
 
 class _ActionOutcome(Envelope):
     action: ActionName
     phase: Phase
-    step: int = Field(ge=0)
-    idempotency_key: str = Field(min_length=1, max_length=300)
-    attempt: int = Field(default=1, ge=1)  # echoes the request's attempt
-    tries: int = Field(default=1, ge=1)  # calls the adapter made (retries of transient errors)
+    step: int = Field(ge=0, le=999)
+    idempotency_key: IdempotencyKey
+    attempt: Count = 1  # echoes the request's attempt
+    tries: Count = 1  # calls the adapter made (retries of transient errors)
 
 
 class ActionDone(_ActionOutcome):
@@ -175,10 +244,10 @@ class DeadlineReached(Envelope):
     through the order's partition like everything else, so it is handled in order."""
 
     type: Literal["saga.deadline"] = "saga.deadline"
-    step: int = Field(ge=0)
+    step: int = Field(ge=0, le=999)
     phase: Literal["forward", "compensation", "gate"]
-    idempotency_key: str = Field(min_length=1, max_length=300)
-    attempt: int = Field(ge=1)
+    idempotency_key: IdempotencyKey
+    attempt: Count
 
 
 PartitionMessage = Annotated[
@@ -197,13 +266,40 @@ PartitionMessage = Annotated[
 # --- out: replies to agents and public lifecycle events ----------------------------------------
 
 
+class DeskReply(BaseModel):
+    """The answer to a desk command: what was done with each dead letter."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    message_id: Identifier = Field(default_factory=_new_id)
+    type: Literal["desk.done", "desk.refused"]
+    timestamp: datetime = Field(default_factory=_now)
+    command_id: str = Field(max_length=128)
+    command_type: str = Field(max_length=64)
+    reason: str = Field(default="", max_length=4000)
+    results: tuple[dict[str, JsonValue], ...] = ()
+
+
+class Alert(BaseModel):
+    """Published on the events exchange under ``alert.<kind>``: something an operator must
+    look at that belongs to no saga (a forged message, a dead letter that could not be stored)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    message_id: Identifier = Field(default_factory=_new_id)
+    type: Literal["alert.forged", "alert.unstorable", "alert.rate_limited"]
+    timestamp: datetime = Field(default_factory=_now)
+    detail: str = Field(max_length=4000)
+    dead_letter_id: int | None = None
+    sender: str | None = Field(default=None, max_length=128)
+    order_id: Identifier | None = None
+
+
 class CommandReply(Envelope):
     # parked: the order is blocked (a dead letter) or a command before this one is missing; the
     # command is kept and applied, in order, once the order is unblocked.
     type: Literal["command.accepted", "command.rejected", "command.parked"]
-    command_id: str
-    command_type: str
-    reason: str = ""
+    command_id: str = Field(max_length=128)
+    command_type: str = Field(max_length=64)
+    reason: str = Field(default="", max_length=4000)
     saga_register: dict[str, Any] | None = None  # the answer to saga.status
 
 
@@ -243,3 +339,7 @@ class SagaEvent(Envelope):
     # At a gate: what is at stake (actions still to run, which cannot be undone, what
     # compensating now would cost).
     stakes: dict[str, Any] | None = None
+
+
+# Whatever a component publishes: a message of a saga, a desk's answer, or an alert.
+Outbound = Envelope | DeskReply | Alert | ReplayDeadLetters | DiscardDeadLetter

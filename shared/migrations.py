@@ -84,6 +84,22 @@ async def migrate(url: str) -> list[str]:
     return applied
 
 
+async def pending(url: str) -> list[str]:
+    """The migrations this code has that the database lacks (read with any role that may read
+    ``schema_migrations``)."""
+    conn = await asyncpg.connect(url)
+    try:
+        exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
+        done = (
+            {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+            if exists
+            else set()
+        )
+    finally:
+        await conn.close()
+    return [f"{m.version:04d}_{m.name}" for m in discover() if m.version not in done]
+
+
 async def drop_database(url: str) -> None:
     parts = urlsplit(url)
     name = parts.path.lstrip("/")

@@ -19,6 +19,18 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.DeadlockDetectedError,
 )
 
+# A value the database (or asyncpg, before sending it) refuses: never transient, whatever its
+# base class says (asyncpg's client-side DataError is an InterfaceError).
+VALUE_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.DataError,
+    asyncpg.exceptions._base.DataError,
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    return isinstance(error, TRANSIENT_DB_ERRORS) and not isinstance(error, VALUE_ERRORS)
+
+
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
 

@@ -86,13 +86,33 @@ class Topology:
     def dead_letter_queue(self) -> str:
         return f"{self.namespace}.dead-letters"
 
+    @property
+    def last_resort_queue(self) -> str:
+        """Where the ingester puts a dead letter it could not store after its own retries:
+        nobody consumes it; ``saga dlq last-resort`` shows what is there."""
+        return f"{self.namespace}.dead-letters.last-resort"
+
     def all_queues(self) -> list[str]:
         return [
             self.intake_queue,
             *(self.partition_queue(i) for i in range(self.partitions)),
             *(self.action_queue(s) for s in self.services),
             self.dead_letter_queue,
+            self.last_resort_queue,
         ]
+
+    def kind_of(self, queue: str | None) -> tuple[str, int | str | None]:
+        """What a queue of this namespace is: ("intake", None), ("partition", index),
+        ("action", service), or ("other", None)."""
+        if queue == self.intake_queue:
+            return "intake", None
+        prefix = f"{self.namespace}.partition."
+        if queue and queue.startswith(prefix) and queue[len(prefix) :].isdigit():
+            return "partition", int(queue[len(prefix) :])
+        for service in self.services:
+            if queue == self.action_queue(service):
+                return "action", service
+        return "other", None
 
     def all_exchanges(self) -> list[str]:
         return [
@@ -137,11 +157,16 @@ class Topology:
             self.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
         )
         await dead.bind(dlx)
+        await channel.declare_queue(
+            self.last_resort_queue, durable=True, arguments={"x-queue-type": "quorum"}
+        )
 
         intake = await channel.declare_queue(
             self.intake_queue, durable=True, arguments=self._work_queue_args(single_active=True)
         )
-        await intake.bind(commands, routing_key="saga.#")
+        # Every routing key: a command sent under a wrong one is refused with a reason instead
+        # of vanishing unrouted (the intake checks the key against the command's type).
+        await intake.bind(commands, routing_key="#")
 
         for index in range(self.partitions):
             queue = await channel.declare_queue(

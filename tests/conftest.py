@@ -48,6 +48,9 @@ def settings(database_url: str, run_id: str) -> Settings:
         delivery_limit=5,
         relay_poll_s=0.2,
         watchdog_s=0.3,
+        # One broker account for everything: tests of who may send what run in roles mode
+        # with their own vhost and users (tests/integration/roles.py).
+        identity="shared",
     )
 
 

@@ -138,6 +138,7 @@ class ChaosSystem:
             database_url=self.pg.url("saga"),
             namespace=NAMESPACE,
             partitions=self.partitions,
+            identity="shared",  # crash safety is tested here; who may send what, elsewhere
         )
 
     @property
@@ -158,6 +159,7 @@ class ChaosSystem:
             "SAGA_DATABASE_URL": self.settings.database_url,
             "SAGA_NAMESPACE": NAMESPACE,
             "SAGA_PARTITIONS": str(self.partitions),
+            "SAGA_IDENTITY": "shared",
             "SAGA_LOG_LEVEL": "WARNING",
         }
 

@@ -31,6 +31,8 @@ from typing import Self
 import aio_pika
 import asyncpg
 
+from saga_coordinator.tls import TlsFiles
+
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 # The host part of the RabbitMQ node name; "localhost" resolves here and is what the shared node
 # uses too (see /etc/rabbitmq/rabbitmq-env.conf).
@@ -192,11 +194,13 @@ class _Instance:
 
 
 class DisposablePostgres(_Instance):
-    """A PostgreSQL 15 cluster of its own: trust auth, user ``postgres``, fsync on."""
+    """A PostgreSQL 15 cluster of its own: trust auth, user ``postgres``, fsync on. With
+    ``tls``, it refuses every connection over TCP that is not TLS (``hostnossl ... reject``)."""
 
-    def __init__(self, *, max_connections: int = 300) -> None:
+    def __init__(self, *, max_connections: int = 300, tls: TlsFiles | None = None) -> None:
         self.port = free_port()
         self.max_connections = max_connections
+        self.tls = tls
         self.dir: Path | None = None
         self.running = False
         self.starts = 0
@@ -212,6 +216,9 @@ class DisposablePostgres(_Instance):
         return self.dir / "log"
 
     def url(self, dbname: str = "postgres") -> str:
+        if self.tls is not None:  # the certificate names localhost: verify-full checks it
+            return (f"postgresql://postgres@localhost:{self.port}/{dbname}"
+                    f"?sslmode=verify-full&sslrootcert={self.tls.ca}")  # fmt: skip
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
     def _pg_ctl(self, *args: str) -> list[str]:
@@ -225,10 +232,14 @@ class DisposablePostgres(_Instance):
             _live[id(self)] = self
             initdb = [str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres"]
             await _run_checked(_as_user("postgres", initdb), cwd=self.dir)
+            if self.tls is not None:
+                self._require_tls(self.tls)
         options = (
             f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=on"
             f" -c max_connections={self.max_connections}"
         )
+        if self.tls is not None:
+            options += " -c ssl=on -c ssl_cert_file=server.pem -c ssl_key_file=server.key"
         code, out = await _run(
             self._pg_ctl("-o", options, "-l", str(self.log_path), "-w", "-t", "120", "start"),
             cwd=self.dir,
@@ -238,6 +249,17 @@ class DisposablePostgres(_Instance):
         self.running = True
         self.starts += 1
         await self._wait_ready()
+
+    def _require_tls(self, tls: TlsFiles) -> None:
+        shutil.copy(tls.cert, self.data / "server.pem")
+        shutil.copy(tls.key, self.data / "server.key")
+        (self.data / "server.key").chmod(0o600)
+        (self.data / "pg_hba.conf").write_text(
+            "local all all trust\n"
+            "hostssl all all 127.0.0.1/32 trust\n"
+            "hostnossl all all 0.0.0.0/0 reject\n"
+        )
+        _chown_tree(self.data, "postgres")
 
     async def _wait_ready(self, limit_s: float = 30.0) -> None:
         deadline = time.monotonic() + limit_s
@@ -326,7 +348,8 @@ class DisposableRabbit(_Instance):
     The data directory survives ``stop``/``crash``/``start``, so quorum queues and the messages
     they hold survive a restart as they would in production."""
 
-    def __init__(self, *, name: str | None = None) -> None:
+    def __init__(self, *, name: str | None = None, tls: TlsFiles | None = None) -> None:
+        self.tls = tls
         self.port = free_port(with_dist_port=True)
         self.name = name or f"chaos{uuid.uuid4().hex[:10]}@{RABBIT_HOST}"
         # The shared node is rabbit@localhost: refuse any name that could be it.
@@ -336,8 +359,10 @@ class DisposableRabbit(_Instance):
         self.running = False
         self.starts = 0
 
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+    def url(self, vhost: str = "") -> str:
+        if self.tls is not None:  # TLS only; the certificate names localhost
+            return f"amqps://guest:guest@localhost:{self.port}/{vhost}?cafile={self.tls.ca}"
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/{vhost}"
 
     @property
     def log_dir(self) -> Path:
@@ -365,7 +390,22 @@ class DisposableRabbit(_Instance):
         self.dir = Path(tempfile.mkdtemp(prefix="saga-chaos-rabbit-"))
         self.dir.chmod(0o755)
         (self.dir / "enabled_plugins").write_text("[].\n")
-        (self.dir / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
+        conf = f"listeners.tcp.local = 127.0.0.1:{self.port}\n"
+        if self.tls is not None:
+            for name, source in (("ca.pem", self.tls.ca), ("server.pem", self.tls.cert),
+                                 ("server.key", self.tls.key)):  # fmt: skip
+                shutil.copy(source, self.dir / name)
+            conf = "\n".join([
+                "listeners.tcp = none",
+                f"listeners.ssl.default = 127.0.0.1:{self.port}",
+                f"ssl_options.cacertfile = {self.dir / 'ca.pem'}",
+                f"ssl_options.certfile = {self.dir / 'server.pem'}",
+                f"ssl_options.keyfile = {self.dir / 'server.key'}",
+                "ssl_options.verify = verify_none",
+                "ssl_options.fail_if_no_peer_cert = false",
+                "",
+            ])  # fmt: skip
+        (self.dir / "rabbitmq.conf").write_text(conf)
         _chown_tree(self.dir, "rabbitmq")
         _live[id(self)] = self
 
@@ -399,6 +439,12 @@ class DisposableRabbit(_Instance):
             else:
                 await connection.close()
                 return
+
+    async def ctl(self, *args: str) -> str:
+        """``rabbitmqctl -n <this node> ...``, as the broker's user (it holds the cookie)."""
+        assert self.dir is not None
+        argv = ["rabbitmqctl", "-n", self.name, *args]
+        return await _run_checked(_as_user("rabbitmq", argv, self._env()), cwd=self.dir)
 
     def pid(self) -> int | None:
         if self.dir is None:

@@ -108,7 +108,6 @@ class PlannedSaga:
             order_id=self.order_id,
             saga=self.kind,
             params=self.params,
-            by="chaos-agent",
         )
 
 

@@ -37,11 +37,13 @@ from saga_coordinator.intake import Intake
 from saga_coordinator.store import Store
 from shared.bus import Bus
 from shared.catalog import load_catalog
+from shared.codec import identify_incoming
 from shared.config import Settings
 from shared.delivery import Outcome, deliver
-from shared.failures import failure_recorder
+from shared.failures import Q
 from shared.messages import StartSaga
 from shared.migrations import migrate
+from shared.trust import forwarded_id
 from tests.chaos.instances import DisposablePostgres, DisposableRabbit
 from tests.integration.helpers import remove_namespace
 
@@ -59,6 +61,7 @@ async def settings() -> AsyncIterator[Settings]:
             database_url=pg.url("saga"),
             namespace="found",
             partitions=1,  # the order's partition is partition 0
+            identity="shared",
         )
         await migrate(settings.database_url)
         yield settings
@@ -89,8 +92,13 @@ async def test_a_failed_forward_at_the_intake_does_not_deadlock_its_order(
         await bus.declare()
         topology = bus.topology
         intake = Intake(settings, catalog, bus, store)
-        # The intake's hook as it was when the chaos run found the deadlock: it blocks the order.
-        on_failure = failure_recorder(pool, topology.intake_queue, block_order=True)
+
+        # The intake's hook as it was when the chaos run found the deadlock: it blocks the order
+        # (by the id the command reaches the partition under).
+        async def on_failure(message: AbstractIncomingMessage, *_: object) -> None:
+            key = forwarded_id(bus.user or "", identify_incoming(message).message_id)
+            await pool.execute(Q.block_upsert, ORDER, key, "retrying", "its forward failed")
+
         starts = [
             StartSaga(saga_id=f"{ORDER}-s{n}", order_id=ORDER, saga="refund", params=REFUND)
             for n in (1, 2)

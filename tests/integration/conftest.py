@@ -3,7 +3,8 @@ Postgres, in its own namespace of queues; an agent client beside it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -11,7 +12,9 @@ from saga_coordinator.app import Stack
 from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
-from tests.integration.helpers import remove_namespace
+from tests.conftest import AMQP_URL
+from tests.integration.deployment import Deployment
+from tests.integration.helpers import forget_outbox, remove_namespace
 
 
 @pytest.fixture
@@ -29,3 +32,33 @@ async def stack(settings: Settings) -> AsyncIterator[Stack]:
 async def client(stack: Stack, settings: Settings) -> AsyncIterator[SagaClient]:
     async with Bus(settings) as bus, SagaClient(bus, reply_timeout_s=20) as agent:
         yield agent
+
+
+@pytest.fixture(scope="session")
+def deployment(database_url: str, run_id: str) -> Iterator[Deployment]:
+    """Every role on its own broker user and Postgres role (made by `saga setup`'s code), in a
+    vhost of its own; removed at the end of the run."""
+    base = Settings(amqp_url=AMQP_URL, database_url=database_url, partitions=4, watchdog_s=0.3)
+    made = Deployment(base, run_id)
+    asyncio.run(made.create())
+    try:
+        yield made
+    finally:
+        asyncio.run(made.remove())
+
+
+@pytest.fixture
+async def role_settings(deployment: Deployment) -> AsyncIterator[Settings]:
+    yield deployment.settings.with_(relay_poll_s=0.2)
+    await forget_outbox(deployment.settings)
+    await deployment.purge()
+
+
+@pytest.fixture
+async def role_stack(role_settings: Settings) -> AsyncIterator[Stack]:
+    running = Stack(role_settings)
+    await running.start()
+    try:
+        yield running
+    finally:
+        await running.stop()

@@ -97,6 +97,10 @@ def saga_env(settings: Settings) -> dict[str, str]:
         "SAGA_DELIVERY_LIMIT": str(settings.delivery_limit),
         "SAGA_CATALOG_PATH": str(settings.catalog_file),
         "SAGA_WATCHDOG_S": str(settings.watchdog_s),
+        "SAGA_IDENTITY": settings.identity,
+        "SAGA_SECRETS_DIR": settings.secrets_dir,
+        "SAGA_USER_PREFIX": settings.user_prefix,
+        "SAGA_PEOPLE": settings.people,
         "SAGA_LOG_LEVEL": "WARNING",
     }
 

@@ -8,14 +8,21 @@ import sys
 from typing import Any
 
 import aio_pika
+import asyncpg
 
 from saga_coordinator.app import Stack
 from shared.bus import Bus
 from shared.config import Settings
-from tests.integration.helpers import eventually, publish_start, saga_env, terminal
+from tests.integration.helpers import (
+    eventually,
+    publish_start,
+    ran_one_after_another,
+    saga_env,
+    terminal,
+)
 
 
-async def saga(settings: Settings, *args: str) -> tuple[int, str, str]:
+async def saga(settings: Settings, *args: str, stdin: bytes = b"") -> tuple[int, str, str]:
     env = saga_env(settings)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -23,10 +30,11 @@ async def saga(settings: Settings, *args: str) -> tuple[int, str, str]:
         "saga_coordinator.cli",
         *args,
         env=env,
+        stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    out, err = await asyncio.wait_for(proc.communicate(stdin), 60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
@@ -112,49 +120,79 @@ async def test_refusals_exit_non_zero_with_the_reason(
 
 
 async def test_operator_finds_understands_and_replays_a_dead_letter(
+    stack: Stack, settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    """The README's session: a bad deploy renamed the e-mail system's table, so its adapter
+    fails on every delivery; the request is dead-lettered and the customer's next refund waits
+    behind it until the table is back and the operator replays it."""
+    await pool.execute("ALTER TABLE sim_email_messages RENAME TO sim_email_messages_gone")
+    try:
+        async with Bus(settings) as bus:
+            first = await publish_start(bus, order_id)
+            listed = await eventually(
+                lambda: saga_json(settings, "dlq", "list", "--order", order_id),
+                lambda rows: len(rows) == 1,
+                seconds=60,
+            )
+            later = await publish_start(bus, order_id)
+        assert (listed[0]["reason"], listed[0]["message_type"]) == (
+            "delivery_limit", "action.request",
+        )  # fmt: skip
+        assert listed[0]["blocks_order"] is True
+        blocked = await eventually(
+            lambda: saga_json(settings, "list", "--status", "blocked"),
+            lambda rows: any(r["order_id"] == order_id and r["parked"] == 1 for r in rows),
+        )
+        assert [r["state"] for r in blocked if r["order_id"] == order_id] == ["dead"]
+        shown = await saga_json(settings, "dlq", "show", str(listed[0]["id"]))
+        assert "sim_email_messages" in shown["error"]
+        assert "the step ends failed with its effect unknown" in shown["discard_means"]
+        assert [p["message_type"] for p in shown["parked_behind"]] == ["saga.start"]
+        code, out, _ = await saga(settings, "show", "--order", order_id)
+        assert code == 0 and "order BLOCKED by" in out
+    finally:
+        await pool.execute("ALTER TABLE sim_email_messages_gone RENAME TO sim_email_messages")
+
+    replayed = await saga_json(settings, "dlq", "replay", str(listed[0]["id"]),
+                               "--note", "table restored")  # fmt: skip
+    assert replayed[0]["done"] is True
+    a, b = await terminal(stack, first), await terminal(stack, later)
+    assert (a.status, b.status) == ("completed", "completed")
+    assert ran_one_after_another(a, b)
+    audit = (await saga_json(settings, "dlq", "show", str(listed[0]["id"])))["audit"]
+    assert [(x["action"], x["actor"], x["note"]) for x in audit] == [
+        ("replay", stack.bus.user, "table restored")
+    ]
+    code, _, err = await saga(settings, "dlq", "list", "--since", "soon")
+    assert code == 2 and "soon" in err
+
+
+async def test_garbage_is_listed_as_holding_nothing_and_discard_asks_first(
     stack: Stack, settings: Settings, order_id: str
 ) -> None:
-    # A message the coordinator can never handle, for this order, then a saga behind it.
     async with Bus(settings) as bus:
         garbage = aio_pika.Message(b"{oops", message_id="m-cli-poison",
                                    headers={"x-order-id": order_id})  # fmt: skip
         await bus.publish_raw(
             bus.topology.partitions_exchange, bus.topology.partition_key(order_id), garbage
         )
-        later = await publish_start(bus, order_id)
-
-    listed = await eventually(
+    [dead] = await eventually(
         lambda: saga_json(settings, "dlq", "list", "--order", order_id),
         lambda rows: len(rows) == 1,
     )
-    assert listed[0]["reason"] == "rejected"
-    blocked = await eventually(
-        lambda: saga_json(settings, "list", "--status", "blocked"),
-        lambda rows: any(r["order_id"] == order_id and r["parked"] == 1 for r in rows),
-    )
-    assert any(r["message_id"] == "m-cli-poison" for r in blocked)
-
-    shown = await saga_json(settings, "dlq", "show", str(listed[0]["id"]))
+    assert (dead["reason"], dead["blocks_order"]) == ("invalid", False)
+    shown = await saga_json(settings, "dlq", "show", str(dead["id"]))
     assert shown["body"] == "{oops" and shown["body_undecodable"] is True
-    assert "not JSON" in shown["error"]
-    assert [p["message_id"] for p in shown["parked_behind"]] != []
 
-    replayed = await saga_json(settings, "dlq", "replay", str(listed[0]["id"]), "--by", "sam")
-    assert replayed[0]["done"] is True
-    again = await eventually(
-        lambda: saga_json(settings, "dlq", "list", "--order", order_id),
-        lambda rows: rows[0]["times_dead"] == 2,
-    )
-    assert again[0]["status"] == "dead"  # garbage stays garbage
-
-    code, _, err = await saga(settings, "dlq", "discard", str(listed[0]["id"]),
-                                "--reason", "corrupt producer", "--by", "sam")  # fmt: skip
+    code, out, err = await saga(settings, "dlq", "discard", str(dead["id"]), "--reason", "junk",
+                                stdin=b"n\n")  # fmt: skip
+    assert code == 1 and "nothing changes for any saga" in out and "not discarded" in err
+    code, _, err = await saga(settings, "dlq", "discard", str(dead["id"]), "--reason", " ")
+    assert code == 2 and "must not be blank" in err
+    code, out, err = await saga(settings, "dlq", "discard", str(dead["id"]),
+                                "--reason", "junk", "--yes")  # fmt: skip
     assert code == 0, err
-    assert (await terminal(stack, later)).status == "completed"
-    audit = (await saga_json(settings, "dlq", "show", str(listed[0]["id"])))["audit"]
-    assert [(a["action"], a["actor"]) for a in audit] == [("replay", "sam"), ("discard", "sam")]
-    code, _, err = await saga(settings, "dlq", "list", "--since", "soon")
-    assert code == 2 and "soon" in err
+    assert "discarded" in out
 
 
 async def test_resolve_from_the_command_line(
@@ -164,10 +202,17 @@ async def test_resolve_from_the_command_line(
         await saga(settings, "faults", "add", action, "--order", order_id, "--mode", "permanent")
     stuck = await saga_json(settings, "start", "refund", "--order", order_id, *PARAMS,
                             "--wait", "30")  # fmt: skip
+    code, _, err = await saga(settings, "reject", stuck["saga_id"])
+    assert code == 2 and "--reason" in err and "Traceback" not in err
+    code, _, err = await saga(settings, "resolve", stuck["saga_id"], "--note", "")
+    assert code == 2 and "must not be blank" in err
     resolved = await saga_json(settings, "resolve", stuck["saga_id"], "--note",
-                               "stock released by hand", "--by", "kim")  # fmt: skip
+                               "stock released by hand")  # fmt: skip
     assert resolved["status"] == "resolved"
-    assert resolved["decisions"][-1]["by"] == "kim"
+    # who decided is the account the command line connects as, never a flag
+    assert resolved["decisions"][-1]["by"] == stack.bus.user
+    code, _, err = await saga(settings, "resolve", stuck["saga_id"], "--note", "x", "--by", "kim")
+    assert code == 2 and "--by" in err
 
 
 async def test_watch_streams_the_lifecycle_of_an_order(

@@ -54,7 +54,7 @@ async def test_captured_messages_validate_against_the_exported_schemas(
     await terminal(stack, failed)
     gated = await client.start("checkout_approved", order_id=f"{order_id}-c", params=CHECKOUT)
     await at_gate(client, gated)
-    await client.approve(gated, order_id=f"{order_id}-c", person=True)
+    await client.approve(gated, order_id=f"{order_id}-c")
     await client.status(gated, order_id=f"{order_id}-c")
     await terminal(stack, gated)
     await channel.close()

@@ -21,6 +21,7 @@ from shared.client import SagaClient
 from shared.config import Settings
 from shared.messages import AbortSaga, AnyCommand, StartSaga
 from shared.topology import partition_of
+from shared.trust import forwarded_id
 from tests.integration.helpers import REFUND, eventually, remove_namespace, saga_env, terminal
 
 ORDERS = 200
@@ -86,6 +87,7 @@ async def test_per_order_handling_order_equals_publish_order(
     published = {o: commands_for(o) for o in orders}
 
     async with Bus(settings) as bus:
+        sender = bus.user or ""
 
         async def agent(order_id: str) -> None:
             for command in published[order_id]:  # one agent per order publishes in order
@@ -116,7 +118,9 @@ async def test_per_order_handling_order_equals_publish_order(
     for row in handled:
         by_order.setdefault(row["order_id"], []).append(row["message_id"])
     for order_id in orders:
-        assert by_order[order_id] == [c.message_id for c in published[order_id]], order_id
+        # the intake forwards each command under an id of its own, derived from the sender's
+        expected = [forwarded_id(sender, c.message_id) for c in published[order_id]]
+        assert by_order[order_id] == expected, order_id
 
     rows = await pool.fetch(
         "SELECT state::text FROM sagas WHERE order_id = ANY($1) ORDER BY order_id, arrival", orders
@@ -162,11 +166,11 @@ async def test_coordinators_split_the_partitions_and_stand_by_for_each_other(
 
 
 def recording(
-    handle: Callable[[AbstractIncomingMessage], Awaitable[None]], seen: set[str]
-) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
-    async def wrapped(delivery: AbstractIncomingMessage) -> None:
+    handle: Callable[[AbstractIncomingMessage, int], Awaitable[None]], seen: set[str]
+) -> Callable[[AbstractIncomingMessage, int], Awaitable[None]]:
+    async def wrapped(delivery: AbstractIncomingMessage, partition: int) -> None:
         seen.add(delivery.routing_key or "")
-        await handle(delivery)
+        await handle(delivery, partition)
 
     return wrapped
 

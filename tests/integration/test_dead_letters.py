@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from saga_coordinator.app import Stack
-from saga_coordinator.dead_letters import DeadLetterDesk
+from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.processor import Processor
 from saga_coordinator.store import Claim, Tx
 from shared.bus import Bus
@@ -26,7 +26,6 @@ from tests.integration.helpers import (
     eventually,
     publish_start,
     ran_one_after_another,
-    same_partition_order,
     terminal,
 )
 
@@ -128,32 +127,41 @@ POISONS: dict[str, tuple[Callable[[str], bytes], str]] = {
 
 
 @pytest.mark.parametrize("kind", sorted(POISONS))
-async def test_poison_is_dead_lettered_at_once_and_blocks_only_its_order(
+async def test_poison_is_dead_lettered_at_once_and_blocks_nothing(
     kind: str, stack: Stack, client: SagaClient, bus: Bus, pool: asyncpg.Pool, order_id: str
 ) -> None:
     make_body, words = POISONS[kind]
     await poison(bus, order_id, make_body(order_id), f"poison-{kind}")
     [dead] = await wait_dead(pool, order_id)
-    assert dead["reason"] == "rejected"
+    assert dead["reason"] == "invalid"
     assert dead["delivery_count"] == 1  # not retried
     assert words in (dead["error"] or "")
+    assert dead["blocks_order"] is False
 
+    # Garbage that names an order holds nothing: only a valid message of the order may.
     later = [await publish_start(bus, order_id) for _ in range(2)]
-    neighbour = same_partition_order(order_id, stack.settings.partitions)
-    other = await client.start("refund", order_id=neighbour, params=REFUND)
-    assert (await terminal(stack, other)).status == "completed"
-    parked = await eventually(lambda: stack.store.parked(order_id), lambda rows: len(rows) == 2)
-    assert [p["message_type"] for p in parked] == ["saga.start", "saga.start"]
-    assert [r["order_id"] for r in await stack.store.blocked_orders()] == [order_id]
-    assert await stack.store.get(later[0]) is None
-
-    result = await desk_of(stack).discard(dead["id"], "ops", f"garbage: {kind}")
-
-    assert result.done
     first, second = [await terminal(stack, s) for s in later]
     assert (first.status, second.status) == ("completed", "completed")
     assert ran_one_after_another(first, second)
-    assert await stack.store.blocked_orders() == []
+    assert order_id not in [r["order_id"] for r in await stack.store.blocked_orders()]
+
+    result = await desk_of(stack).discard(dead["id"], "ops", f"garbage: {kind}")
+    assert result.done and "nothing changes for any saga" in result.detail
+
+
+async def test_a_valid_message_in_the_wrong_partition_is_refused_and_blocks_nothing(
+    stack: Stack, client: SagaClient, bus: Bus, pool: asyncpg.Pool, order_id: str
+) -> None:
+    right = int(bus.topology.partition_key(order_id))
+    wrong = str((right + 1) % stack.settings.partitions)
+    message = aio_pika.Message(command_body(order_id, saga_id="s-misrouted"), message_id="m-mis")
+    await bus.publish_raw(bus.topology.partitions_exchange, wrong, message)
+
+    [dead] = await wait_dead(pool, order_id)
+    assert dead["reason"] == "invalid" and f"not {wrong}" in dead["error"]
+    assert await stack.store.get("s-misrouted") is None
+    saga = await client.start("refund", order_id=order_id, params=REFUND)
+    assert (await terminal(stack, saga)).status == "completed"
 
 
 async def test_message_without_order_id_is_dead_lettered_and_blocks_nothing(
@@ -161,7 +169,7 @@ async def test_message_without_order_id_is_dead_lettered_and_blocks_nothing(
 ) -> None:
     await poison(bus, None, command_body(None), "poison-orderless")
     [dead] = await wait_dead(pool, None)
-    assert dead["reason"] == "rejected"
+    assert dead["reason"] == "invalid"
     assert "order_id" in (dead["error"] or "")
     assert await stack.store.blocked_orders() == []
     saga = await client.start("refund", order_id=order_id, params=REFUND)
@@ -345,4 +353,24 @@ async def test_a_replay_header_naming_no_dead_letter_does_not_make_the_letter_va
 
     [dead] = await wait_dead(pool, order_id)
     assert (dead["message_id"], dead["body"]) == ("m-forged", b"{oops")
-    assert [b["message_id"] for b in await stack.store.blocks(order_id)] == ["m-forged"]
+    assert dead["blocks_order"] is False  # garbage holds no order
+    assert await stack.store.blocks(order_id) == []
+
+
+async def test_an_order_blocked_before_it_had_a_saga_is_shown_with_what_waits(
+    stack: Stack, bus: Bus, pool: asyncpg.Pool, sabotage: Sabotage, settings: Settings,
+    order_id: str,
+) -> None:  # fmt: skip
+    from tests.integration.test_cli import saga, saga_json
+
+    sabotage.always("s-first")
+    await publish_start(bus, order_id, "s-first")
+    await wait_dead(pool, order_id)
+    await publish_start(bus, order_id)
+    await eventually(lambda: stack.store.parked(order_id), lambda rows: len(rows) == 1)
+
+    shown = await saga_json(settings, "show", "--order", order_id)
+    assert shown["sagas"] == [] and [b["state"] for b in shown["order_blocked_by"]] == ["dead"]
+    assert [p["message_type"] for p in shown["parked"]] == ["saga.start"]
+    code, out, _ = await saga(settings, "show", "--order", order_id)
+    assert code == 0 and "no saga yet, but the order is held" in out and "BLOCKED" in out

@@ -73,12 +73,12 @@ async def test_needs_human_keeps_the_order_until_resolved(
     third = await client.start("refund", order_id=order_id, params=REFUND)
     assert await saga_status(stack, second) == "waiting"
 
-    await client.resolve(first, order_id=order_id, note="released the stock by hand", by="dana")
+    await client.resolve(first, order_id=order_id, note="released the stock by hand")
 
     a = await terminal(stack, first)
     assert a.status == "resolved"
     assert [(d.kind, d.by, d.note) for d in a.decisions] == [
-        ("resolve", "dana", "released the stock by hand")
+        ("resolve", client.bus.user, "released the stock by hand")
     ]
     b = await terminal(stack, second)
     c = await terminal(stack, third)

@@ -25,7 +25,9 @@ from shared.messages import (
     PlanStep,
     ResolveSaga,
     ResumeSaga,
+    Role,
     SagaEvent,
+    Sender,
     StartSaga,
 )
 
@@ -104,6 +106,15 @@ def make_catalog(
 # --- messages ------------------------------------------------------------------------------------
 
 
+# Commands as the intake forwards them: with the broker-verified sender. Sagas are started by an
+# agent; decisions are a person's unless a test says otherwise.
+AGENT = Sender(user="agent-7", role="agent")
+
+
+def sender(user: str = "", role: Role = "person") -> Sender:
+    return Sender(user=user or ("agent-7" if role == "agent" else "ann"), role=role)
+
+
 def start_named(
     saga: str,
     params: Mapping[str, JsonValue],
@@ -113,7 +124,12 @@ def start_named(
     reply_to: str | None = None,
 ) -> StartSaga:
     return StartSaga(
-        saga_id=saga_id, order_id=order_id, saga=saga, params=dict(params), reply_to=reply_to
+        saga_id=saga_id,
+        order_id=order_id,
+        saga=saga,
+        params=dict(params),
+        reply_to=reply_to,
+        sender=AGENT,
     )
 
 
@@ -130,7 +146,12 @@ def start_plan(
         steps=tuple(PlanStep(action=a) for a in steps), compensation_priority=tuple(priority)
     )
     return StartSaga(
-        saga_id=saga_id, order_id=order_id, plan=plan, params=dict(params or {}), reply_to=reply_to
+        saga_id=saga_id,
+        order_id=order_id,
+        plan=plan,
+        params=dict(params or {}),
+        reply_to=reply_to,
+        sender=AGENT,
     )
 
 
@@ -296,36 +317,52 @@ class Driver:
         return self.feed(failed_for(req, reason, effect_unknown=effect_unknown, tries=tries))
 
     def abort(
-        self, reason: str = "the customer cancelled", by: str = "", reply_to: str | None = None
+        self,
+        reason: str = "the customer cancelled",
+        by: str = "",
+        reply_to: str | None = None,
+        role: Role = "person",
     ) -> Transition:
         return self.feed(
             AbortSaga(
                 saga_id=self.saga_id,
                 order_id=self.st.order_id,
                 reason=reason,
-                by=by,
+                sender=sender(by, role),
                 reply_to=reply_to,
             )
         )
 
     def resume(
-        self, note: str = "fixed by hand", by: str = "", reply_to: str | None = None
+        self,
+        note: str = "fixed by hand",
+        by: str = "",
+        reply_to: str | None = None,
+        role: Role = "person",
     ) -> Transition:
         return self.feed(
             ResumeSaga(
-                saga_id=self.saga_id, order_id=self.st.order_id, note=note, by=by, reply_to=reply_to
+                saga_id=self.saga_id,
+                order_id=self.st.order_id,
+                note=note,
+                sender=sender(by, role),
+                reply_to=reply_to,
             )
         )
 
     def resolve(
-        self, note: str = "undone by hand", by: str = "", reply_to: str | None = None
+        self,
+        note: str = "undone by hand",
+        by: str = "",
+        reply_to: str | None = None,
+        role: Role = "person",
     ) -> Transition:
         return self.feed(
             ResolveSaga(
                 saga_id=self.saga_id,
                 order_id=self.st.order_id,
                 note=note,
-                by=by,
+                sender=sender(by, role),
                 reply_to=reply_to,
             )
         )

@@ -16,6 +16,7 @@ from shared.codec import (
     PARTITION,
     decode,
     encode,
+    identify,
     message_to_amqp,
     peek,
 )
@@ -31,6 +32,7 @@ from shared.messages import (
     SagaEvent,
     StartSaga,
 )
+from shared.text import first_unsafe
 from tests.unit.factories import REFUND_PARAMS, start_plan
 
 LIMIT = 64 * 1024
@@ -335,7 +337,103 @@ def test_peek_reads_the_identifiers_of_an_invalid_message() -> None:
     }
 
 
-def test_peek_drops_values_that_are_not_short_strings() -> None:
-    raw = {"message_id": 7, "type": ["x"], "saga_id": "s" * 256, "order_id": "o" * 255}
+def test_peek_keeps_only_well_formed_identifiers() -> None:
+    raw = {"message_id": 7, "type": ["x"], "saga_id": "s" * 129, "order_id": "o" * 128}
 
-    assert peek(body(raw)) == {**NOTHING, "order_id": "o" * 255}
+    assert peek(body(raw)) == {**NOTHING, "order_id": "o" * 128}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["'; DROP TABLE sagas; --", "a\u0000b", "line\nbreak", "\u001b[2J", "caf\u00e9", "\ud800"],
+)
+def test_peek_drops_identifiers_a_reply_could_not_carry(bad: str) -> None:
+    data = body({"message_id": bad, "saga_id": bad, "order_id": bad, "reply_to": bad})
+
+    assert peek(data) == NOTHING
+
+
+def test_identify_prefers_the_body_then_the_amqp_property_then_a_hash() -> None:
+    assert identify(b'{"message_id": "m-1"}', "p-1", {}).message_id == "m-1"
+    assert identify(b"{garbage", "p-1", {}).message_id == "p-1"
+    assert identify(b"{garbage", "bad id!", {}).transport_id is None
+    hashed = identify(b"{garbage", None, {}).message_id
+    assert hashed.startswith("body:") and hashed == identify(b"{garbage", None, {}).message_id
+
+
+def test_identify_takes_the_order_from_the_body_not_a_header() -> None:
+    found = identify(b'{"order_id": "mine"}', None, {"x-order-id": "victim"})
+
+    assert found.order_id == "mine"
+
+
+# --- hostile bodies ------------------------------------------------------------------------------
+
+
+def test_a_deeply_nested_body_is_refused_without_recursion() -> None:
+    deep = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+    assert "nested deeper than" in refused(deep, max_bytes=len(deep))
+
+
+def test_nesting_just_past_the_limit_is_refused_and_just_under_accepted() -> None:
+    def nested(depth: int) -> dict[str, Any]:
+        value: Any = "leaf"
+        for _ in range(depth):
+            value = [value]
+        return {**DONE, "result": {"deep": value}}
+
+    assert "nested deeper than 32" in refused(body(nested(31)))
+    decode(body(nested(29)), PARTITION, max_bytes=LIMIT)
+
+
+def test_too_many_values_are_refused() -> None:
+    raw = {**DONE, "result": {"many": list(range(20_000))}}
+
+    assert "more than 10000 values" in refused(body(raw), max_bytes=10**6)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('{"a": NaN}', "NaN"),
+        ('{"a": Infinity}', "Infinity"),
+        ('{"a": 1e400}', "number too large"),
+        ('{"a": 100000000000000000000}', "64-bit"),
+        ('{"a": ' + "9" * 5000 + "}", "acceptable JSON"),
+    ],
+)
+def test_numbers_json_or_columns_cannot_hold_are_refused(text: str, words: str) -> None:
+    assert words in refused(text.encode())
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("a\u0000b", "control character (U+0000)"),
+        ("\ud800", "lone surrogate (U+D800)"),
+        ("\u001b[31mred", "control character (U+001B)"),
+        ("\u009b", "control character (U+009B)"),
+    ],
+)
+def test_characters_postgres_or_a_terminal_cannot_take_are_refused(value: str, words: str) -> None:
+    reason = refused(body({"type": "action.done", "result": {"note": value}}))
+    assert words in reason and "result.note" in reason
+
+
+def test_an_unsafe_key_is_refused_too() -> None:
+    assert "a key" in refused(body({"type": "saga.start", "params": {"a\u0000": 1}}))
+
+
+def test_tabs_and_newlines_are_ordinary_text() -> None:
+    raw = {**DONE, "result": {"reservation_id": "r-1", "note": "two\nlines\tand a tab"}}
+
+    decoded = decode(body(raw), PARTITION, max_bytes=LIMIT)
+    assert isinstance(decoded, ActionDone) and decoded.result["note"] == "two\nlines\tand a tab"
+
+
+def test_a_refusal_never_repeats_a_control_character_it_was_sent() -> None:
+    raw = {**START, "colour\u001b[2J": "blue", "reply_to": "\u001b]0;pwned\u0007"}
+
+    reason = refused(body(raw), COMMANDS)
+    assert first_unsafe(reason) is None and "a key" in reason

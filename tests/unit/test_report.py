@@ -185,8 +185,8 @@ def test_decisions_are_listed_with_time_kind_and_note() -> None:
 
     abort_at, resume_at = (dec.at for dec in d.st.decisions)
     assert section(text, "decisions") == [
-        f"{abort_at:%Y-%m-%d %H:%M:%S} abort: customer called",
-        f"{resume_at:%Y-%m-%d %H:%M:%S} resume: warehouse back",
+        f"{abort_at:%Y-%m-%d %H:%M:%S} abort by ann (person): customer called",
+        f"{resume_at:%Y-%m-%d %H:%M:%S} resume by ann (person): warehouse back",
     ]
     assert "reason: aborted: customer called" in text
 

@@ -1,0 +1,60 @@
+"""Logging that stays bounded whatever arrives: the same complaint is logged a few times a
+minute, then counted, so a flood of bad messages cannot fill a disk with log lines."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class RateLimit(logging.Filter):
+    """At most ``per_window`` records per (logger, message template) each ``window_s``; the
+    first record after a window says how many were suppressed. Tracebacks beyond the first of
+    a window are dropped too."""
+
+    MAX_KEYS = 2_000
+
+    def __init__(
+        self,
+        per_window: int = 10,
+        window_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.per_window = per_window
+        self.window_s = window_s
+        self._clock = clock
+        self._seen: dict[tuple[str, str], tuple[float, int, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = (record.name, str(record.msg))
+        now = self._clock()
+        start, count, suppressed = self._seen.get(key, (now, 0, 0))
+        if now - start >= self.window_s:
+            if suppressed:
+                record.msg = f"{record.msg} [{suppressed} similar suppressed]"
+            start, count, suppressed = now, 0, 0
+        count += 1
+        allowed = count <= self.per_window
+        if not allowed:
+            suppressed += 1
+        elif count > 1:
+            record.exc_info = None
+            record.exc_text = None
+        if len(self._seen) >= self.MAX_KEYS and key not in self._seen:
+            self._seen.clear()
+        self._seen[key] = (start, count, suppressed)
+        return allowed
+
+
+def configure(level: str) -> None:
+    """Root logging for every ``saga`` process: one format, bounded output."""
+    logging.basicConfig(level=level.upper(), format=FORMAT)
+    limit = RateLimit()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(limit)
