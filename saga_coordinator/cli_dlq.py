@@ -28,7 +28,7 @@ from shared.messages import DeskReply
 from shared.text import clean
 from shared.topology import Topology
 
-_RELATIVE = re.compile(r"^(\d+)([smhd])$")
+_RELATIVE = re.compile(r"^(\d{1,9})([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
 
@@ -38,7 +38,10 @@ def parse_since(text: str | None) -> datetime | None:
         return None
     match = _RELATIVE.match(text.strip())
     if match:
-        return datetime.now(UTC) - timedelta(**{_UNITS[match[2]]: int(match[1])})
+        try:
+            return datetime.now(UTC) - timedelta(**{_UNITS[match[2]]: int(match[1])})
+        except OverflowError:
+            raise click.BadParameter(f"{text!r}: too far back", param_hint="--since") from None
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:

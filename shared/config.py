@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any
 
 from shared.errors import ConfigError
@@ -75,6 +76,8 @@ class Settings:
     def __post_init__(self) -> None:
         self._check_events()
         self._check_identity()
+        _check_url("SAGA_AMQP_URL", self.amqp_url, ("amqp", "amqps"))
+        _check_url("SAGA_DATABASE_URL", self.database_url, ("postgresql", "postgres"))
         share = _SHARE.match(self.coordinator_share)
         if share is None or not int(share[1]) < int(share[2]) <= 1024:
             raise ConfigError(
@@ -151,6 +154,28 @@ class Settings:
         if self.catalog_path:
             return Path(self.catalog_path)
         return Path(__file__).with_name("catalog.toml")
+
+
+def _masked(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return url.replace(f":{parts.password}@", ":******@", 1)
+
+
+def _check_url(name: str, url: str, schemes: tuple[str, ...]) -> None:
+    """A URL the clients can use, or an error naming what is wrong (never the password)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError as exc:
+        raise ConfigError(f"{name} {_masked(url)!r}: {exc}") from None
+    if parts.scheme not in schemes:
+        raise ConfigError(
+            f"{name} {_masked(url)!r}: the scheme must be one of {', '.join(schemes)}"
+        )
+    if not parts.hostname and "host=" not in parts.query:
+        raise ConfigError(f"{name} {_masked(url)!r}: no host")
 
 
 def _convert(name: str, raw: str, kind: type) -> Any:

@@ -8,11 +8,13 @@ from typing import Any
 
 import aio_pika
 import asyncpg
+import pytest
 
 from saga_coordinator.app import Stack
 from shared.bus import Bus
-from shared.client import SagaClient
+from shared.client import CommandRejected, SagaClient
 from shared.config import Settings
+from tests.integration.helpers import eventually
 from tests.integration.test_sagas import REFUND, run_saga
 
 
@@ -91,3 +93,20 @@ async def test_schema_invalid_command_gets_a_reply_naming_the_field(
     assert "colour" in reply["reason"]
     assert [r["rule"] for r in await _rejections(pool, "m-bad-1")] == ["invalid_message"]
     assert await stack.store.get("s-bad-1") is None
+
+
+async def test_a_command_the_coordinator_refuses_is_recorded_with_the_gateways_rejections(
+    stack: Stack, client: SagaClient, pool: asyncpg.Pool, order_id: str
+) -> None:
+    with pytest.raises(CommandRejected, match="no saga s-nobody"):
+        await client.abort("s-nobody", order_id=order_id, reason="never started")
+
+    [row] = await eventually(
+        lambda: pool.fetch("SELECT * FROM rejections WHERE saga_id = 's-nobody'"),
+        lambda rows: len(rows) == 1,
+    )
+    assert (row["rule"], row["command_type"], row["sender"]) == (
+        "no_saga", "saga.abort", client.bus.user,
+    )  # fmt: skip
+    history = await pool.fetch("SELECT note FROM saga_log WHERE saga_id = 's-nobody'")
+    assert [h["note"] for h in history] == ["no saga s-nobody"]

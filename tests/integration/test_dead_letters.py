@@ -374,3 +374,61 @@ async def test_an_order_blocked_before_it_had_a_saga_is_shown_with_what_waits(
     assert [p["message_type"] for p in shown["parked"]] == ["saga.start"]
     code, out, _ = await saga(settings, "show", "--order", order_id)
     assert code == 0 and "no saga yet, but the order is held" in out and "BLOCKED" in out
+
+
+async def test_a_letter_the_ingester_cannot_store_is_kept_as_bytes_then_moved_never_looped(
+    settings: Settings, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch, order_id: str
+) -> None:
+    """Storing fails (a bug): the letter is kept as bare bytes with an alert. Storing even that
+    fails: after the delivery limit it is moved to the last-resort queue, confirmed, with its
+    bytes; no endless redelivery either way."""
+    from saga_coordinator import dead_letters as module
+    from saga_coordinator.dead_letters import DeadLetterIngester
+    from saga_coordinator.relay import Relay
+    from saga_coordinator.store import Store
+
+    real = module.record_death
+
+    async def fails_for_the_first(tx: Tx, letter: module.Letter) -> int:
+        if letter.message_id == "m-first" and letter.reason != "unstorable":
+            raise RuntimeError("a bug in storing")
+        if letter.message_id.startswith("m-second"):
+            raise RuntimeError("a bug in storing even the bytes")
+        return await real(tx, letter)
+
+    monkeypatch.setattr(module, "record_death", fails_for_the_first)
+    async with Bus(settings) as bus:
+        await bus.declare()
+        alerts = await (await bus.connection.channel()).declare_queue(exclusive=True)
+        await alerts.bind(bus.topology.events_exchange, routing_key="alert.#")
+        for mid in ("m-first", "m-second"):
+            letter = aio_pika.Message(b"\x00\xffbytes", message_id=mid,
+                                      headers={"x-order-id": order_id})  # fmt: skip
+            await bus.publish_raw(bus.topology.dead_letter_exchange, "", letter)
+        ingester = asyncio.create_task(DeadLetterIngester(settings, bus, Store(pool)).run())
+        relay = asyncio.create_task(Relay(settings, pool, bus).run())  # publishes the alert
+        try:
+            kept = await eventually(
+                lambda: pool.fetch("SELECT * FROM dead_letters WHERE transport_id = 'm-first'"),
+                lambda rows: len(rows) == 1,
+            )
+            last_resort = await bus.connection.channel()
+            queue = await last_resort.get_queue(bus.topology.last_resort_queue)
+            moved = await eventually(
+                lambda: queue.get(fail=False, no_ack=True), lambda m: m is not None
+            )
+            alert = await eventually(
+                lambda: alerts.get(fail=False, no_ack=True), lambda m: m is not None
+            )
+        finally:
+            ingester.cancel()
+            relay.cancel()
+            await asyncio.gather(ingester, relay, return_exceptions=True)
+            channel = await bus.connection.channel()
+            await bus.topology.delete(channel)
+    assert (kept[0]["reason"], kept[0]["body"], kept[0]["blocks_order"]) == (
+        "unstorable", b"\x00\xffbytes", False,
+    )  # fmt: skip
+    assert moved is not None and moved.body == b"\x00\xffbytes" and moved.message_id == "m-second"
+    assert "x-last-resort" in (moved.headers or {})
+    assert alert is not None and json.loads(alert.body)["type"] == "alert.unstorable"

@@ -241,3 +241,28 @@ def test_a_coordinator_share_is_k_of_n() -> None:
     for bad in ("2/2", "1", "a/b", "0/0"):
         with pytest.raises(ConfigError, match="SAGA_COORDINATOR_SHARE"):
             Settings(coordinator_share=bad)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        ("SAGA_AMQP_URL", "notaurl", "scheme must be one of amqp, amqps"),
+        ("SAGA_AMQP_URL", "http://broker/", "scheme must be one of amqp, amqps"),
+        ("SAGA_AMQP_URL", "amqp://u:hunter2@h:99999/", "Port out of range"),
+        ("SAGA_AMQP_URL", "amqp:///vhost", "no host"),
+        ("SAGA_DATABASE_URL", "mysql://db/saga", "scheme must be one of postgresql"),
+        ("SAGA_DATABASE_URL", "postgresql://u:hunter2@db:x/saga", "Port could not be cast"),
+    ],
+)
+def test_a_url_the_clients_cannot_use_is_refused_without_showing_its_password(
+    variable: str, value: str, words: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({variable: value})
+    assert words in str(refused.value) and variable in str(refused.value)
+    assert "hunter2" not in str(refused.value)
+
+
+def test_tls_and_socket_urls_are_accepted() -> None:
+    Settings(amqp_url="amqps://u:p@broker:5671/v?cafile=/etc/ca.pem")
+    Settings(database_url="postgresql:///saga?host=/var/run/postgresql")
