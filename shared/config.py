@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
 from shared.errors import ConfigError
 
