@@ -67,8 +67,9 @@ class Intake:
         user = await self._sender(delivery, ident)
         role = trust.command_sender(self.directory, user)  # Forged: dead-lettered
         assert user is not None  # command_sender refuses a missing user
+        replayed = user != delivery.user_id  # an operator's replay: not the agent's traffic
         try:
-            command = self._admit(delivery, user, role)
+            command = self._admit(delivery, user, role, counted=not replayed)
         except InvalidMessage as exc:
             await self._refuse(delivery, ident, user, "invalid_message", exc.reason)
             return
@@ -100,8 +101,10 @@ class Intake:
             raise trust.Forged("a replay that names no dead letter being replayed")
         return original
 
-    def _admit(self, delivery: AbstractIncomingMessage, user: str, role: Role) -> Admitted:
-        if role == "agent" and not self.buckets.allow(user):
+    def _admit(
+        self, delivery: AbstractIncomingMessage, user: str, role: Role, *, counted: bool
+    ) -> Admitted:
+        if counted and role == "agent" and not self.buckets.allow(user):
             raise PlanRejected(
                 "rate_limited",
                 f"{user} sent more than {self.settings.agent_rate:g} commands a second "

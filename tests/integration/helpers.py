@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar
 
 import aiormq
@@ -139,3 +141,14 @@ async def forget_outbox(settings: Settings) -> None:
         await conn.execute("DELETE FROM outbox WHERE left(exchange, length($1)) = $1", prefix)
     finally:
         await conn.close()
+
+
+def quick(settings: Settings, tmp_path: Path) -> Settings:
+    """The shipped catalog with one-attempt, 0.2 s calls: a step's deadline comes 2.2 s after its
+    request, so tests of deadlines and resends take seconds."""
+    text = Path(settings.catalog_file).read_text()
+    text = re.sub(r"timeout_s = [0-9.]+", "timeout_s = 0.2", text)
+    text = re.sub(r"attempts = \d+", "attempts = 1", text)
+    path = tmp_path / "catalog.toml"
+    path.write_text(text)
+    return settings.with_(catalog_path=str(path), deadline_poll_s=0.1)

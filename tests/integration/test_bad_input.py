@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Any
 
 import aio_pika
@@ -110,3 +111,69 @@ async def test_a_command_the_coordinator_refuses_is_recorded_with_the_gateways_r
     )  # fmt: skip
     history = await pool.fetch("SELECT note FROM saga_log WHERE saga_id = 's-nobody'")
     assert [h["note"] for h in history] == ["no saga s-nobody"]
+
+
+def _hostile_start(order: str, **changes: object) -> bytes:
+    body: dict[str, object] = {
+        "message_id": f"m-hostile-{uuid.uuid4().hex[:8]}",
+        "type": "saga.start",
+        "saga_id": f"s-{uuid.uuid4().hex[:8]}",
+        "order_id": order,
+        "saga": "refund",
+        "params": dict(REFUND),
+    }
+    body.update(changes)
+    return json.dumps(body).encode()
+
+
+HOSTILE_STARTS: dict[str, tuple[dict[str, object], str]] = {
+    "sql in the order id": ({"order_id": "A-1'; DROP TABLE sagas; --"}, "order_id"),
+    "control characters in the saga id": ({"saga_id": "s\u001b[2J"}, "control character"),
+    "a NUL in a parameter": ({"params": {**REFUND, "sku": "SKU\u00001"}}, "U+0000"),
+    "a lone surrogate in a parameter": ({"params": {**REFUND, "sku": "\ud800"}}, "surrogate"),
+    "a quantity of 10**30": ({"params": {**REFUND, "quantity": 10**30}}, "64-bit"),
+    "a quantity over the column": ({"params": {**REFUND, "quantity": 2**31}}, "2147483647"),
+    "a claimed person": ({"by_kind": "person", "by": "cfo@example.com"}, "by_kind"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_STARTS))
+async def test_a_hostile_start_is_refused_with_a_reply_and_blocks_nothing(
+    case: str, stack: Stack, client: SagaClient, settings: Settings, pool: asyncpg.Pool,
+    order_id: str,
+) -> None:  # fmt: skip
+    changes, words = HOSTILE_STARTS[case]
+    async with Bus(settings) as bus:
+        channel = await bus.connection.channel()
+        replies = await channel.declare_queue(exclusive=True)
+        body = _hostile_start(order_id, reply_to=replies.name, **changes)
+        await bus.publish_raw(bus.topology.commands_exchange, "saga.start", aio_pika.Message(body))
+        message = await eventually(lambda: replies.get(fail=False), lambda m: m is not None)
+        assert message is not None
+        reply = json.loads(message.body)
+        await channel.close()
+
+    assert reply["type"] == "command.rejected" and words in reply["reason"]
+    assert reply["order_id"] in (order_id, "unknown")
+    [row] = await eventually(
+        lambda: pool.fetch("SELECT * FROM rejections WHERE body = $1", body),
+        lambda rows: len(rows) == 1,
+    )
+    assert words in row["reason"]
+    # the order, or the victim the hostile id pointed at, still works
+    state = await run_saga(client, stack, "refund", order_id, REFUND)
+    assert state.status == "completed"
+
+
+async def test_a_body_nested_100000_levels_deep_is_refused_and_recorded(
+    stack: Stack, settings: Settings, pool: asyncpg.Pool
+) -> None:
+    deep = b'{"type": "saga.start", "params": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    async with Bus(settings) as bus:
+        message = aio_pika.Message(deep, message_id=f"m-deep-{uuid.uuid4().hex[:6]}")
+        await bus.publish_raw(bus.topology.commands_exchange, "saga.start", message)
+    [row] = await eventually(
+        lambda: pool.fetch("SELECT * FROM rejections WHERE transport_id = $1", message.message_id),
+        lambda rows: len(rows) == 1,
+    )
+    assert "nested deeper than 32 levels" in row["reason"]

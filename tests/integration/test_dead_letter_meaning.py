@@ -4,7 +4,6 @@ of message, and a discarded request is never sent again behind the operator's ba
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,9 @@ from tests.integration.helpers import (
     ran_one_after_another,
     remove_namespace,
     terminal,
+)
+from tests.integration.helpers import (
+    quick as quick_catalog,
 )
 
 Predicate = Callable[[Any], bool]
@@ -83,13 +85,7 @@ def breaker(monkeypatch: pytest.MonkeyPatch) -> Breaker:
 
 @pytest.fixture
 def quick(settings: Settings, tmp_path: Path) -> Settings:
-    """One-attempt, 0.2 s calls: a step's deadline comes 2.2 s after its request."""
-    text = Path(settings.catalog_file).read_text()
-    text = re.sub(r"timeout_s = [0-9.]+", "timeout_s = 0.2", text)
-    text = re.sub(r"attempts = \d+", "attempts = 1", text)
-    path = tmp_path / "catalog.toml"
-    path.write_text(text)
-    return settings.with_(catalog_path=str(path), deadline_poll_s=0.1)
+    return quick_catalog(settings, tmp_path)
 
 
 async def stacks(settings: Settings, coordinators: int) -> list[Stack]:

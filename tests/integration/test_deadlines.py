@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,17 +14,12 @@ from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
 from tests.integration.helpers import REFUND, eventually, remove_namespace, terminal
+from tests.integration.helpers import quick as quick_catalog
 
 
 @pytest.fixture
 def quick(settings: Settings, tmp_path: Path) -> Settings:
-    """The shipped catalog with one-attempt, 0.2 s calls: the coordinator waits 2.2 s per send."""
-    text = Path(settings.catalog_file).read_text()
-    text = re.sub(r"timeout_s = [0-9.]+", "timeout_s = 0.2", text)
-    text = re.sub(r"attempts = \d+", "attempts = 1", text)
-    path = tmp_path / "catalog.toml"
-    path.write_text(text)
-    return settings.with_(catalog_path=str(path), deadline_poll_s=0.1)
+    return quick_catalog(settings, tmp_path)
 
 
 @pytest.fixture
