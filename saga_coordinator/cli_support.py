@@ -71,9 +71,22 @@ def cli_bus(settings: Settings) -> Bus:
     """The broker connection the CLI acts through: as ``SAGA_ACT_AS`` (a person's account, or by
     default the operations user) when the set-up's secrets are there, else as ``SAGA_AMQP_URL``
     says. Whoever it is, the coordinator records that user, verified by the broker."""
-    if not settings.secrets_dir or settings.identity == "shared":
+    if settings.identity == "shared":
         return Bus(settings)
-    return Bus(settings, user=settings.act_as or Directory.from_settings(settings).user("ops"))
+    directory = Directory.from_settings(settings)
+    if settings.secrets_dir:
+        bus = Bus(settings, user=settings.act_as or directory.user("ops"))
+    else:
+        bus = Bus(settings)
+    if directory.command_role(bus.user) is None:
+        # The coordinator would dead-letter every command as forged, and nobody would answer.
+        raise click.ClickException(
+            f"the CLI connects to RabbitMQ as {bus.user!r}, which may send no command here "
+            "(SAGA_IDENTITY=roles): set SAGA_SECRETS_DIR to the set-up's secrets (and "
+            "SAGA_ACT_AS to act as a person, who must be in SAGA_PEOPLE), or give SAGA_AMQP_URL "
+            "your own account"
+        )
+    return bus
 
 
 def not_blank(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

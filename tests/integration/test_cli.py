@@ -237,3 +237,12 @@ async def test_watch_streams_the_lifecycle_of_an_order(
     assert other["saga_id"] != started["saga_id"]
     types = [e["type"] for e in seen]
     assert types[0] == "saga.started" and types.count("step.done") == 3
+
+
+async def test_in_roles_mode_the_cli_refuses_to_act_as_an_account_without_a_role(
+    settings: Settings, order_id: str
+) -> None:
+    """Its commands would be dead-lettered as forged and never answered: it says so at once."""
+    roles = settings.with_(identity="roles")
+    code, _, err = await saga(roles, "start", "refund", "--order", order_id, *PARAMS)
+    assert code == 1 and "may send no command here" in err and "SAGA_SECRETS_DIR" in err
