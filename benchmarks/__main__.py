@@ -5,7 +5,6 @@ coordinators, growth with stored sagas, the DBOS peer), then the report and plot
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 from benchmarks.ceiling import broker_ceiling
 from benchmarks.harness import Plan, Result, run_benchmark, run_growth
 from benchmarks.report import Findings, write
+from shared import loop
 from shared.config import Settings
 
 
@@ -80,9 +80,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     settings = Settings.from_env()
     if args.smoke:
-        asyncio.run(_run(settings, Plan(6, 3)))
+        loop.run(_run(settings, Plan(6, 3)))
         return
-    findings = asyncio.run(measure(settings, args))
+    findings = loop.run(measure(settings, args))
     print(f"wrote {write(findings, args.out)}")
 
 

@@ -29,7 +29,7 @@ from shared.errors import ConfigError
 from shared.identity import Directory
 from shared.topology import SERVICES
 
-AGENT_COMMANDS = r"^saga\.(start|status|abort)$"
+AGENT_COMMANDS = r"^saga\.(start|status|abort)(\.[0-9]{1,4})?$"
 
 
 @dataclass(frozen=True)

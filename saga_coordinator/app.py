@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Coroutine, Iterable
 from types import TracebackType
@@ -148,6 +149,9 @@ class Stack:
         what they committed is published now rather than by whichever relay runs next."""
         consumers = [t for t in self._tasks if t.get_name() != "relay"]
         await self._cancel(consumers)
+        if self.coordinator is not None:
+            with contextlib.suppress(Exception):  # else the relay republishes them: duplicates
+                await self.coordinator.forget_published()
         if self._relay is not None:
             try:
                 await asyncio.wait_for(self._relay.drain(), self.settings.stop_grace_s)

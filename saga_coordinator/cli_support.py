@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
@@ -14,6 +13,7 @@ from aiormq.exceptions import AMQPError
 from pydantic import ValidationError
 
 from saga_coordinator.store import Store
+from shared import loop
 from shared.bus import Bus
 from shared.client import CommandRejected
 from shared.codec import describe
@@ -28,7 +28,7 @@ EXIT_TIMEOUT = 3
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     try:
-        return asyncio.run(coro)
+        return loop.run(coro)
     except CommandRejected as exc:
         click.echo(f"refused: {exc.reason}", err=True)
         sys.exit(EXIT_REFUSED)

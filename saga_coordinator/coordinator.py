@@ -5,25 +5,27 @@ one transaction (``GroupCommit``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from datetime import datetime
 
 from aio_pika.abc import AbstractIncomingMessage
 
+from saga_coordinator.gatekeeper import Gatekeeper, stamped
 from saga_coordinator.group_commit import GroupCommit
 from saga_coordinator.processor import Processor
-from saga_coordinator.store import Store
+from saga_coordinator.store import OutboxRow, Store
 from shared import trust
 from shared.bus import Bus
 from shared.catalog import Catalog
-from shared.codec import PARTITION, decode_incoming
+from shared.codec import PARTITION, decode_incoming, identify_incoming
 from shared.config import Settings
 from shared.crashpoints import crash_point
 from shared.errors import InvalidMessage
 from shared.failures import failure_recorder
 from shared.identity import Directory
-from shared.messages import PartitionMessage
+from shared.messages import DeskCommand, PartitionMessage, QuerySaga
 from shared.topology import partition_of
 from shared.trust import REPLAY_HEADER, Forged
 
@@ -37,12 +39,86 @@ class Coordinator:
         self.store = store
         self.processor = Processor(catalog, bus.topology)
         self.directory = Directory.from_settings(settings)
+        self.gate = Gatekeeper(settings, catalog, bus, store)
+        self._published: list[int] = []  # outbox ids published, not yet deleted
+        self._last_publish = 0.0
         self.group = GroupCommit(self._apply, max_batch=settings.partitions)
 
+    async def _command(self, delivery: AbstractIncomingMessage, partition: int) -> None:
+        """A client's command, routed by the client straight to its order's partition: checked
+        here as the intake would (a refusal is recorded and answered, never dead-lettered), then
+        applied in the partition's order, with no hop through the intake and no number (the
+        partition's single consumer and the order's blocks keep its order)."""
+        command = await self.gate.examine(delivery, partition=partition)
+        if command is None:
+            return
+        if isinstance(command, QuerySaga):
+            await self.gate.answer(command)
+            return
+        assert not isinstance(command, DeskCommand)  # refused at a partition
+        note = await self.group.submit(stamped(command))
+        crash_point("coordinator.before_ack")
+        log.debug("%s %s %s: %s", command.order_id, command.saga_id, command.type, note)
+
+    async def _block_key(self, delivery: AbstractIncomingMessage) -> str | None:
+        """A client's command is applied (and blocks its order) under its stamped id."""
+        if delivery.exchange != self.bus.topology.commands_exchange:
+            return None
+        ident = identify_incoming(delivery)
+        with contextlib.suppress(trust.Forged):
+            return trust.forwarded_id(await self.gate.sender(delivery, ident) or "",
+                                      ident.message_id)  # fmt: skip
+        return None
+
     async def _apply(self, messages: Sequence[PartitionMessage], now: datetime) -> list[str]:
-        return await self.store.run(lambda tx: self.processor.handle_batch(tx, messages, now))
+        """One transaction for the group, then its outgoing messages published from here, before
+        any of its deliveries is acked: no relay wake-up, read and delete on the hot path. The
+        rows are deleted with the next transaction (or by ``_forget_published``); a row whose
+        publish fails stays for the relay."""
+        delete = list(self._published)
+        notes, sent = await self.store.run_publishing(
+            lambda tx: self.processor.handle_batch(tx, messages, now), delete=delete
+        )
+        self._published = self._published[len(delete) :]
+        await self._publish(sent)
+        return notes
+
+    async def _publish(self, sent: list[tuple[int, OutboxRow]]) -> None:
+        if not sent:
+            return
+        crash_point("coordinator.before_publish")
+        try:
+            errors = await self.bus.publish_many(
+                [(row.exchange, row.routing_key, row.amqp()) for _, row in sent]
+            )
+        except Exception as exc:  # the broker is away: the relay publishes them later
+            log.warning("publishing after commit failed (%r); the relay will", exc)
+            return
+        self._published += [id_ for (id_, _), error in zip(sent, errors, strict=True) if not error]
+        self._last_publish = asyncio.get_running_loop().time()
+
+    async def forget_published(self) -> None:
+        """Delete the rows published and not yet deleted (at a stop)."""
+        ids, self._published = self._published, []
+        if ids:
+            await self.store.forget_published(ids)
+
+    async def _forget_published(self) -> None:
+        """Delete published rows when no transaction came to carry the delete."""
+        while True:
+            await asyncio.sleep(self.settings.relay_poll_s)
+            idle = asyncio.get_running_loop().time() - self._last_publish
+            if self._published and idle >= self.settings.relay_poll_s:
+                ids, self._published = self._published, []
+                try:
+                    await self.store.forget_published(ids)
+                except Exception:  # the relay republishes them later; the inbox absorbs them
+                    log.warning("could not delete %d published outbox rows", len(ids))
 
     async def handle(self, delivery: AbstractIncomingMessage, partition: int) -> None:
+        if delivery.exchange == self.bus.topology.commands_exchange:
+            await self._command(delivery, partition)
+            return
         message = decode_incoming(delivery, PARTITION, self.settings.max_message_bytes)
         if partition_of(message.order_id, self.settings.partitions) != partition:
             raise InvalidMessage(
@@ -70,6 +146,7 @@ class Coordinator:
         indexes = range(self.settings.partitions) if partitions is None else partitions
         mine, others = share_of(self.settings.coordinator_share, indexes)
         async with asyncio.TaskGroup() as group:
+            group.create_task(self._forget_published(), name="outbox-deletes")
             for index in mine:
                 group.create_task(self._consume(index), name=f"partition-{index}")
             if others:
@@ -88,7 +165,9 @@ class Coordinator:
             handle,
             prefetch=self.settings.partition_prefetch,
             mode="sequential",
-            on_failure=failure_recorder(self.store.pool, queue, block_order=True),
+            on_failure=failure_recorder(
+                self.store.pool, queue, block_order=True, key=self._block_key
+            ),
         )
 
 

@@ -262,7 +262,7 @@ class DeadLetterIngester:
             _, sender = await tx.replayed_sender(replay, ident.message_id, dead_too=True)
         limit = self.settings.max_message_bytes
         try:
-            if kind == "intake":
+            if kind == "intake" or death.exchange == self.bus.topology.commands_exchange:
                 command = decode_incoming(delivery, COMMANDS, limit)
                 trust.command_sender(self.directory, sender)
                 if isinstance(command, QuerySaga | DeskCommand):  # asks, changes no order

@@ -58,13 +58,18 @@ WITH saved AS (
                       WHERE d.due_at IS NULL)
 ), sent AS (
     -- WITH ORDINALITY: the relay publishes in id order, so ids follow the list's order.
-    INSERT INTO outbox (exchange, routing_key, message_id, message_type, order_id, body, headers)
+    INSERT INTO outbox (exchange, routing_key, message_id, message_type, order_id, body, headers,
+                        direct)
     SELECT o.exchange, o.routing_key, o.message_id, o.message_type, o.order_id, o.body,
-           o.headers::jsonb
+           o.headers::jsonb, $31
     FROM unnest($14::text[], $15::text[], $16::text[], $17::text[], $18::text[], $19::bytea[],
                 $20::text[]) WITH ORDINALITY
         AS o (exchange, routing_key, message_id, message_type, order_id, body, headers, n)
     ORDER BY o.n
+    RETURNING id
+), published AS (
+    -- rows an earlier transaction of this process published since: gone with this statement
+    DELETE FROM outbox WHERE id = ANY($32::bigint[])
 ), logged AS (
     INSERT INTO saga_log (saga_id, order_id, message_id, message_type, note, seq)
     SELECT l.saga_id, l.order_id, l.message_id, l.message_type, l.note, l.seq
@@ -79,8 +84,11 @@ WITH saved AS (
         AS v (order_id, active_saga_id, next_seq, handled)
     WHERE o.order_id = v.order_id
 )
--- Wakes the relay; delivered at commit, so it never sees a row before it is visible.
-SELECT pg_notify('saga_outbox', '') WHERE cardinality($14::text[]) > 0;
+-- The ids of the rows written, in the list's order (ids grow with it); and, for rows the relay
+-- publishes, its wake-up, delivered at commit, so it never sees a row before it is visible.
+SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM sent) AS ids,
+       (SELECT pg_notify('saga_outbox', '') WHERE cardinality($14::text[]) > 0 AND NOT $31)
+           AS woken;
 
 -- name: seq_assign
 -- The order's next command number, or the one this message already got (a redelivery).
@@ -104,8 +112,11 @@ SELECT state::text FROM sagas WHERE saga_id = $1 FOR UPDATE;
 SELECT pg_try_advisory_lock($1);
 
 -- name: outbox_batch
+-- What the relay publishes: rows written for it, and rows a committing task wrote to publish
+-- itself but has not deleted after $2 seconds (its process died, or the broker was away).
 SELECT id, exchange, routing_key, message_id, message_type, order_id, body, headers::text
-FROM outbox ORDER BY id LIMIT $1;
+FROM outbox WHERE NOT direct OR created_at < now() - make_interval(secs => $2)
+ORDER BY id LIMIT $1;
 
 -- name: outbox_delete
 DELETE FROM outbox WHERE id = ANY($1::bigint[]);

@@ -55,11 +55,14 @@ class Relay:
             self._leading = bool(await self._conn.fetchval(Q.relay_lead, RELAY_LOCK))
         return self._conn if self._leading else None
 
-    async def flush_once(self) -> int:
+    async def flush_once(self, *, everything: bool = False) -> int:
+        """Publish one batch: the rows written for the relay, and rows their committing task
+        has not published within ``outbox_stale_s`` (``everything``: all rows, at a stop)."""
         conn = await self._lead()
         if conn is None:
             return 0
-        rows = await conn.fetch(Q.outbox_batch, self.settings.relay_batch)
+        stale = 0.0 if everything else self.settings.outbox_stale_s
+        rows = await conn.fetch(Q.outbox_batch, self.settings.relay_batch, stale)
         if not rows:
             return 0
         crash_point("relay.before_publish")
@@ -87,7 +90,7 @@ class Relay:
 
     async def drain(self) -> None:
         """Publish until the outbox is empty (used at a graceful stop)."""
-        while await self.flush_once() == self.settings.relay_batch:
+        while await self.flush_once(everything=True) == self.settings.relay_batch:
             pass
 
     async def run(self) -> None:

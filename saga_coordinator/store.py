@@ -16,13 +16,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
+import aio_pika
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.register import SagaState
-from shared.codec import Identity, peek
+from shared.codec import Identity, peek, to_amqp
 from shared.errors import RetryLater
 from shared.failures import Q as FQ
 from shared.messages import Envelope, Outbound
@@ -46,6 +47,12 @@ class OutboxRow:
     order_id: str
     body: bytes
     headers: dict[str, Any] = field(default_factory=dict)
+
+    def amqp(self) -> aio_pika.Message:
+        return to_amqp(
+            self.body, message_id=self.message_id, message_type=self.message_type,
+            order_id=self.order_id, headers=self.headers,
+        )  # fmt: skip
 
     @classmethod
     def of(cls, exchange: str, routing_key: str, message: Outbound) -> OutboxRow:
@@ -107,8 +114,14 @@ class Tx:
     statement, before the next read and at the end of ``Store.run``: one round trip instead of
     one per row. A statement sent on ``conn`` directly must not depend on them."""
 
-    def __init__(self, conn: Conn) -> None:
+    def __init__(self, conn: Conn, *, direct: bool = False, delete: Sequence[int] = ()) -> None:
+        """``direct``: the committing task publishes the outbox rows itself, right after the
+        commit (the relay takes them only if it does not); ``delete``: ids of rows it published
+        since, deleted with this transaction's first write."""
         self.conn = conn
+        self.direct = direct
+        self._delete = list(delete)
+        self.sent: list[tuple[int, OutboxRow]] = []  # the outbox rows written, with their ids
         self._sagas: dict[str, SagaState] = {}
         self._deadlines: dict[str, _Deadline] = {}
         self._outbox: list[OutboxRow] = []
@@ -245,14 +258,16 @@ class Tx:
         if self._refusals:
             refusals, self._refusals = self._refusals, []
             await self.conn.execute(Q.rejection_record_refusal, *_columns(refusals, 8))
-        if not (self._sagas or self._deadlines or self._outbox or self._log or self._orders):
+        if not (self._sagas or self._deadlines or self._outbox or self._log or self._orders
+                or self._delete):  # fmt: skip
             return
         sagas, deadlines, out, log_rows, orders = (
             list(self._sagas.values()), self._deadlines, self._outbox, self._log,
             list(self._orders.values()),
         )  # fmt: skip
         self._sagas, self._deadlines, self._outbox, self._log, self._orders = {}, {}, [], [], {}
-        await self.conn.execute(
+        delete, self._delete = self._delete, []
+        row = await self.conn.fetchrow(
             Q.write_batch,
             [s.saga_id for s in sagas], [s.order_id for s in sagas], [s.saga for s in sagas],
             [s.status for s in sagas], [s.model_dump_json() for s in sagas], self._now,
@@ -261,7 +276,10 @@ class Tx:
                         r.body, json.dumps(r.headers)) for r in out], 7),
             *_columns(log_rows, 6),
             *_columns([(o.order_id, o.active_saga_id, o.next_seq, o.handled) for o in orders], 4),
+            self.direct, delete,
         )  # fmt: skip
+        assert row is not None
+        self.sent.extend(zip(row["ids"], out, strict=True))
 
 
 def _columns(rows: Sequence[Any], width: int) -> list[list[Any]]:
@@ -284,15 +302,27 @@ class Store:
 
     async def run(self, work: Callable[[Tx], Awaitable[T]]) -> T:
         """``work`` in one transaction, retried from the start while the database is away."""
+        result, _ = await self.run_publishing(work, direct=False)
+        return result
 
-        async def once() -> T:
+    async def run_publishing(
+        self, work: Callable[[Tx], Awaitable[T]], *, direct: bool = True, delete: Sequence[int] = ()
+    ) -> tuple[T, list[tuple[int, OutboxRow]]]:
+        """``run``, for a caller that publishes the outbox rows itself once committed: returns
+        them with their ids too (see ``Tx``)."""
+
+        async def once() -> tuple[T, list[tuple[int, OutboxRow]]]:
             async with self.pool.acquire() as conn, conn.transaction():
-                tx = Tx(conn)
+                tx = Tx(conn, direct=direct, delete=delete)
                 result = await work(tx)
                 await tx.flush()
-                return result
+                return result, tx.sent
 
         return await self._retrying(once)
+
+    async def forget_published(self, ids: Sequence[int]) -> None:
+        """Delete outbox rows already published (when no transaction came to carry it)."""
+        await self._retrying(lambda: self.pool.execute(Q.outbox_delete, list(ids)))
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
         try:

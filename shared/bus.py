@@ -19,7 +19,7 @@ from aio_pika.abc import (
 
 from shared.codec import message_to_amqp
 from shared.config import Settings
-from shared.delivery import FailureHook, Handler, Outcome, deliver
+from shared.delivery import Acks, FailureHook, Handler, Outcome, deliver
 from shared.identity import amqp_url_for, user_of_url
 from shared.messages import Envelope, Outbound
 from shared.topology import Topology
@@ -212,11 +212,13 @@ class Bus:
         await channel.set_qos(prefetch_count=prefetch)
         inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         in_hand: set[asyncio.Future[Outcome]] = set()
+        acks = Acks(lambda: not inbox.empty()) if mode == "sequential" else None
 
         def start(message: AbstractIncomingMessage) -> asyncio.Future[Outcome]:
             # A delivery in hand runs to its ack even when the consumer is stopped: a graceful
             # stop finishes it instead of abandoning it half done.
-            future = asyncio.ensure_future(deliver(message, handler, on_failure))
+            settle_with = None if acks is None else acks.settle
+            future = asyncio.ensure_future(deliver(message, handler, on_failure, settle_with))
             in_hand.add(future)
             future.add_done_callback(in_hand.discard)
             return future
@@ -245,7 +247,7 @@ class Bus:
                 if worker is not None and worker.done():
                     worker.result()
         finally:
-            await self._wind_down(channel, queue, tag, worker, in_hand)
+            await self._wind_down(channel, queue, tag, worker, in_hand, acks)
 
     async def _wind_down(
         self,
@@ -254,9 +256,11 @@ class Bus:
         tag: str | None,
         worker: asyncio.Task[None] | None,
         in_hand: set[asyncio.Future[Outcome]],
+        acks: Acks | None,
     ) -> None:
-        """Stop taking deliveries, let the ones in hand finish (bounded), then close: whatever
-        was prefetched but not started goes back to the queue, in order."""
+        """Stop taking deliveries, let the ones in hand finish (bounded), send the acks held
+        back, then close: whatever was prefetched but not started goes back to the queue, in
+        order."""
         if tag is not None and not channel.is_closed:
             with contextlib.suppress(Exception):
                 await queue.cancel(tag)
@@ -265,6 +269,9 @@ class Bus:
             await asyncio.gather(worker, return_exceptions=True)
         if in_hand:
             await asyncio.wait(set(in_hand), timeout=self.settings.stop_grace_s)
+        if acks is not None and not channel.is_closed:
+            with contextlib.suppress(Exception):
+                await acks.flush()
         if not channel.is_closed:
             with contextlib.suppress(Exception):
                 await channel.close()

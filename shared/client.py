@@ -230,7 +230,12 @@ class SagaClient:
         )
         self._pending[command.message_id] = future
         try:
-            await self.bus.publish(self.bus.topology.commands_exchange, command.type, command)
+            # A command of an order goes straight to its partition; a desk command to the intake.
+            order_id = getattr(command, "order_id", None)
+            key = (
+                self.bus.topology.command_key(command.type, order_id) if order_id else command.type
+            )
+            await self.bus.publish(self.bus.topology.commands_exchange, key, command)
             return await asyncio.wait_for(future, self.reply_timeout_s)
         finally:
             self._pending.pop(command.message_id, None)

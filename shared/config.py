@@ -39,6 +39,9 @@ class Settings:
     partition_prefetch: int = 64
     relay_batch: int = 200
     relay_poll_s: float = 0.5
+    # A row the coordinator wrote to publish itself, still there after this long, is the
+    # relay's: its process died between the commit and the publish, or the broker was away.
+    outbox_stale_s: float = 5.0
     # How often each consumer checks that the broker has not cancelled it.
     watchdog_s: float = 2.0
     deadline_poll_s: float = 0.5
@@ -48,9 +51,10 @@ class Settings:
     # On SIGTERM, how long the deliveries in hand may take to finish before the process exits.
     stop_grace_s: float = 30.0
     # Which lifecycle events go to the public events exchange: comma-separated patterns of
-    # event types. "saga.*" keeps the saga's own events and drops the per-step ones (about
-    # half the messages of a saga); the register in Postgres records every step either way.
-    events: str = "*"
+    # event types. The default keeps the saga's own events and drops the per-step ones (six
+    # of a refund's sixteen messages); "*" publishes them too. The register in Postgres
+    # records every step either way.
+    events: str = "saga.*"
     # With n coordinator processes, give each its own k/n: it takes the partitions p % n == k
     # and stands by for the others (subscribed standby_after_s later). "0/1": all of them.
     coordinator_share: str = "0/1"
@@ -103,6 +107,7 @@ class Settings:
             "deadline_poll_s",
             "stop_grace_s",
             "standby_after_s",
+            "outbox_stale_s",
         ):
             if not 0 < getattr(self, name) <= 3600:
                 raise ConfigError(

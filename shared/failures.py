@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import asyncpg
@@ -15,7 +16,14 @@ from shared.text import clean
 Q = Queries(Path(__file__).with_name("sql") / "failures.sql")
 
 
-def failure_recorder(pool: asyncpg.Pool, queue: str, *, block_order: bool) -> FailureHook:
+# The id an order's block is kept under, for a delivery whose convoy id is not its body's own
+# (a client's command routed straight to its partition); None: the body's.
+BlockKey = Callable[[AbstractIncomingMessage], Awaitable[str | None]]
+
+
+def failure_recorder(
+    pool: asyncpg.Pool, queue: str, *, block_order: bool, key: BlockKey | None = None
+) -> FailureHook:
     """Each failed attempt is stored with its error, so the dead letter can say why. Consumers
     of an order's convoy (partitions) also block the order at the first failure of a message that
     will be retried: with a prefetch above one, later messages of the order are already in hand
@@ -32,8 +40,7 @@ def failure_recorder(pool: asyncpg.Pool, queue: str, *, block_order: bool) -> Fa
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute(Q.failure_upsert, ident.message_id, ident.order_id, queue, text)
             if block_order and outcome is Outcome.RETRY and ident.order_id is not None:
-                await conn.execute(
-                    Q.block_upsert, ident.order_id, ident.message_id, "retrying", text
-                )
+                held_by = (await key(message) if key else None) or ident.message_id
+                await conn.execute(Q.block_upsert, ident.order_id, held_by, "retrying", text)
 
     return on_failure

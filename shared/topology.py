@@ -67,6 +67,10 @@ class Topology:
     def partition_key(self, order_id: str) -> str:
         return str(partition_of(order_id, self.partitions))
 
+    def command_key(self, command_type: str, order_id: str) -> str:
+        """How a client publishes a command of an order: straight to its partition."""
+        return f"{command_type}.{self.partition_key(order_id)}"
+
     @property
     def actions_exchange(self) -> str:
         return f"{self.namespace}.actions"
@@ -164,9 +168,12 @@ class Topology:
         intake = await channel.declare_queue(
             self.intake_queue, durable=True, arguments=self._work_queue_args(single_active=True)
         )
-        # Every routing key: a command sent under a wrong one is refused with a reason instead
-        # of vanishing unrouted (the intake checks the key against the command's type).
-        await intake.bind(commands, routing_key="#")
+        # A command under its bare type (``saga.start``, ``dlq.replay``) comes to the intake;
+        # under its type and its order's partition (``saga.start.3``), to the partition itself.
+        for old in ("#", "saga.#"):  # what earlier versions bound
+            await intake.unbind(commands, routing_key=old)
+        for key in ("saga.*", "dlq.*"):
+            await intake.bind(commands, routing_key=key)
 
         for index in range(self.partitions):
             queue = await channel.declare_queue(
@@ -175,6 +182,7 @@ class Topology:
                 arguments=self._work_queue_args(single_active=True),
             )
             await queue.bind(partitions, routing_key=str(index))
+            await queue.bind(commands, routing_key=f"saga.*.{index}")
 
         for service in self.services:
             queue = await channel.declare_queue(

@@ -365,7 +365,8 @@ class Publisher:
             bus = self._bus
             assert bus is not None
             try:
-                await bus.publish(bus.topology.commands_exchange, command.type, command)
+                key = bus.topology.command_key(command.type, command.order_id)
+                await bus.publish(bus.topology.commands_exchange, key, command)
             except Exception as exc:
                 self._failed(exc)
                 await self._maybe_reconnect(bus)

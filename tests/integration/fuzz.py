@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from shared.topology import partition_of
 from tests.integration.helpers import REFUND
 
 # Values a careless or hostile sender puts anywhere. Sentinels become JSON that json.dumps
@@ -96,6 +97,8 @@ class Fuzzer:
             body = {"type": kind, "message_id": body["message_id"], "dead_letter_id": 1,
                     "reason": "x"}  # fmt: skip
         key = kind if kind in AGENT_KEYS else "saga.start"
+        if self.rng.random() < 0.6:  # mostly as the client sends them: to the order's partition
+            key = f"{key}.{partition_of(str(body.get('order_id') or ''), self.partitions)}"
         return self._mutate(index, "commands", key, body)
 
     def _outcome(self, index: int) -> Shot:

@@ -177,3 +177,40 @@ async def test_a_body_nested_100000_levels_deep_is_refused_and_recorded(
         lambda rows: len(rows) == 1,
     )
     assert "nested deeper than 32 levels" in row["reason"]
+
+
+async def test_a_command_sent_straight_to_a_partition_is_checked_there_and_refused_alike(
+    stack: Stack, client: SagaClient, settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    """The usual path: the client names the order's partition in the routing key. Garbage and
+    a wrong partition are refused with a reply and a rejection, not dead-lettered."""
+    topology = stack.bus.topology
+    right = topology.command_key("saga.start", order_id)
+    wrong = f"saga.start.{(int(topology.partition_key(order_id)) + 1) % settings.partitions}"
+    async with Bus(settings) as bus:
+        channel = await bus.connection.channel()
+        replies = await channel.declare_queue(exclusive=True)
+        misrouted = _hostile_start(order_id, reply_to=replies.name)
+        for key, body, mid in ((wrong, misrouted, "m-wrong"), (right, b"{not json", "m-junk")):
+            message = aio_pika.Message(body, message_id=f"{mid}-{order_id}")
+            await bus.publish_raw(topology.commands_exchange, key, message)
+        answer = await eventually(
+            lambda: replies.get(fail=False, no_ack=True), lambda m: m is not None
+        )
+        assert answer is not None
+        await channel.close()
+
+    reply = json.loads(answer.body)
+    assert reply["type"] == "command.rejected" and repr(right) in reply["reason"]
+    rows = await eventually(
+        lambda: pool.fetch(
+            "SELECT transport_id, rule FROM rejections WHERE transport_id = ANY($1) ORDER BY id",
+            [f"m-wrong-{order_id}", f"m-junk-{order_id}"],
+        ),
+        lambda found: len(found) == 2,
+    )
+    assert {r["rule"] for r in rows} == {"routing_key", "invalid_message"}
+    assert (
+        await pool.fetchval("SELECT count(*) FROM dead_letters WHERE order_id = $1", order_id) == 0
+    )
+    assert (await run_saga(client, stack, "refund", order_id, REFUND)).status == "completed"

@@ -17,6 +17,7 @@ from tests.integration.helpers import (
     eventually,
     publish_start,
     ran_one_after_another,
+    remove_namespace,
     saga_env,
     terminal,
 )
@@ -215,9 +216,15 @@ async def test_resolve_from_the_command_line(
     assert code == 2 and "--by" in err
 
 
-async def test_watch_streams_the_lifecycle_of_an_order(
-    stack: Stack, settings: Settings, order_id: str
-) -> None:
+async def test_watch_streams_the_lifecycle_of_an_order(settings: Settings, order_id: str) -> None:
+    try:
+        async with Stack(settings.with_(events="*")):  # the per-step events too
+            await _watch_an_order(settings, order_id)
+    finally:
+        await remove_namespace(settings)
+
+
+async def _watch_an_order(settings: Settings, order_id: str) -> None:
     watcher = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "saga_coordinator.cli", "watch", "--order", order_id, "--json",
         env=saga_env(settings), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

@@ -99,17 +99,38 @@ async def test_coordinator_killed_between_commit_and_publish(
         Stack(settings, ["inventory", "erp", "payments", "email"]) as adapters,
         Bus(settings) as bus,
     ):
-        first = await procs.start("coordinator", crash_at="relay.before_publish")
+        first = await procs.start("coordinator", crash_at="coordinator.before_publish")
         saga_id = await publish_start(bus, order_id)
         await crashed(first)
         pending = await pool.fetchval("SELECT count(*) FROM outbox WHERE order_id = $1", order_id)
-        assert pending >= 1  # committed, never published
+        assert pending >= 1  # committed, never published: the next relay publishes it
 
         await procs.start("coordinator")
         state = await terminal(adapters, saga_id)
 
     assert state.status == "completed"
     assert await effects(pool, order_id) == ONCE_EACH
+
+
+async def test_a_relay_killed_between_its_read_and_its_publish_loses_nothing(
+    settings: Settings, procs: Processes, pool: asyncpg.Pool, order_id: str
+) -> None:
+    """The relay publishes what the committing task does not: here a deadline's message."""
+    async with Stack(settings, ["inventory", "erp", "payments", "email"]) as adapters:
+        await pool.execute(
+            "INSERT INTO outbox (exchange, routing_key, message_id, message_type, order_id, body)"
+            " VALUES ($1, '', 'm-relay', 'saga.event', $2, '{}'::bytea)",
+            f"{settings.namespace}.events", order_id,
+        )  # fmt: skip
+        first = await procs.start("coordinator", crash_at="relay.before_publish")
+        await crashed(first)
+        assert await pool.fetchval("SELECT count(*) FROM outbox WHERE message_id = 'm-relay'")
+        await procs.start("coordinator")
+        await eventually(
+            lambda: pool.fetchval("SELECT count(*) FROM outbox WHERE message_id = 'm-relay'"),
+            lambda n: n == 0,
+        )
+        assert adapters.coordinator is None
 
 
 async def test_coordinator_killed_between_publish_and_ack(

@@ -37,7 +37,8 @@ LOG_BOUND = 4 * 1024 * 1024  # bytes of log, all processes together
 
 
 async def publish(bus: Bus, shot: Shot, settings: Settings) -> bool:
-    """Publish one shot with a confirm; False when the broker refused it (it reached no queue)."""
+    """Publish one shot with a confirm; False when the broker refused it or could route it
+    nowhere (it reached no queue)."""
     message = aio_pika.Message(shot.body, message_id=shot.message_id, headers=shot.headers)
     if shot.target == "commands":
         exchange, key = bus.topology.commands_exchange, shot.routing_key
@@ -47,8 +48,8 @@ async def publish(bus: Bus, shot: Shot, settings: Settings) -> bool:
         key = str(partition_of(order, settings.partitions)) if order else shot.routing_key
     try:
         await bus.publish_raw(exchange, key, message)
-    except aiormq.exceptions.ChannelAccessRefused:
-        return False
+    except (aiormq.exceptions.ChannelAccessRefused, aiormq.exceptions.DeliveryError):
+        return False  # a key the agent may not use, or one no queue is bound to
     return True
 
 

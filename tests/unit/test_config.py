@@ -217,10 +217,12 @@ def test_events_select_which_lifecycle_events_are_published() -> None:
     from shared.topology import Topology
 
     lifecycle = Topology.from_settings(Settings.from_env({"SAGA_EVENTS": "saga.*, step.failed"}))
-    everything = Topology.from_settings(Settings())
+    default = Topology.from_settings(Settings())
+    everything = Topology.from_settings(Settings(events="*"))
 
     assert lifecycle.publishes("saga.completed") and lifecycle.publishes("step.failed")
     assert not lifecycle.publishes("step.started") and not lifecycle.publishes("step.done")
+    assert default.publishes("saga.needs_human") and not default.publishes("step.started")
     assert everything.publishes("step.started")
     assert not Topology.from_settings(Settings(events="")).publishes("saga.completed")
 
