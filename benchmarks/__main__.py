@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from benchmarks.ceiling import broker_ceiling
-from benchmarks.harness import Plan, Result, run_benchmark, run_growth
-from benchmarks.report import Findings, write
+from benchmarks.harness import Plan, Result, pooled, run_benchmark, run_growth
+from benchmarks.report import Findings, PeerRun, write
 from shared import loop
 from shared.config import Settings
 
@@ -21,7 +23,8 @@ def _line(r: Result) -> str:
     return (f"{p.mix} x{p.sagas} c={p.concurrency} coordinators={p.coordinators} "
             f"stored={p.preload:,}: {r.rate:.1f} sagas/s, p50 {r.percentile(50):.1f} ms, "
             f"p99 {r.percentile(99):.1f} ms, {r.messages_per_saga:.1f} msgs/saga, "
-            f"{r.transactions_per_saga:.1f} tx/saga, {r.outcomes}")  # fmt: skip
+            f"{r.transactions_per_saga:.1f} tx/saga, {r.cpu_ms:.1f} CPU ms/saga, "
+            f"{r.wal_bytes_per_saga / 1024:.1f} kB WAL/saga, {r.outcomes}")  # fmt: skip
 
 
 async def _run(settings: Settings, plan: Plan) -> Result:
@@ -51,16 +54,34 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
         for pair in findings.growth:
             for result in pair:
                 print(_line(result), flush=True)
-    for c in args.peer_concurrency:
-        findings.ours_refund.append(await _run(settings, Plan(args.sagas, c, mix="refund")))
-    if args.peer_concurrency and not args.no_peer:
-        from benchmarks.peer_dbos import run_dbos
-
-        for c in args.peer_concurrency:
-            peer = await run_dbos(settings.database_url, args.sagas, c)
-            print(f"{peer.name} c={c}: {peer.rate:.1f} sagas/s, p50 {peer.percentile(50):.1f} ms")
-            findings.peer = [*findings.peer, peer]
+    findings.ours_refund, findings.peer = await _side_by_side(settings, args)
     return findings
+
+
+async def _side_by_side(
+    settings: Settings, args: argparse.Namespace
+) -> tuple[list[Result], list[PeerRun]]:
+    """Refunds on this stack and on the DBOS peer (in one process, and in as many as there
+    are cores), in alternating rounds so a change in the machine's load hits both, pooled."""
+    cores = os.cpu_count() or 1
+    if not args.no_peer:  # DBOS is the bench extra's
+        from benchmarks.peer_dbos import pooled as pooled_peer
+        from benchmarks.peer_dbos import run_dbos_processes
+    ours: list[Result] = []
+    peers: list[PeerRun] = []
+    for c in args.peer_concurrency:
+        mine: list[Result] = []
+        theirs: dict[int, list[Any]] = {n: [] for n in sorted({1, min(cores, c)})}
+        for _ in range(args.rounds):
+            mine.append(await _run(settings, Plan(args.sagas, c, mix="refund")))
+            for n, runs in ({} if args.no_peer else theirs).items():
+                peer = await run_dbos_processes(settings.database_url, args.sagas, c, n)
+                print(f"{peer.name} x{n} c={c}: {peer.rate:.1f} sagas/s, "
+                      f"p50 {peer.percentile(50):.1f} ms", flush=True)  # fmt: skip
+                runs.append(peer)
+        ours.append(pooled(mine))
+        peers += [pooled_peer(runs) for runs in theirs.values() if runs]
+    return ours, peers
 
 
 def main() -> None:
@@ -70,7 +91,8 @@ def main() -> None:
     parser.add_argument("--coordinators", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--stored", type=int, default=1_000_000,
                         help="finished sagas stored for the growth run (0: none)")  # fmt: skip
-    parser.add_argument("--peer-concurrency", type=int, nargs="*", default=[1, 16])
+    parser.add_argument("--peer-concurrency", type=int, nargs="*", default=[1, 64])
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds beside DBOS")
     parser.add_argument("--no-peer", action="store_true", help="skip DBOS (no bench extra)")
     parser.add_argument("--no-profile", action="store_true", help="no py-spy sampling")
     parser.add_argument("--ceiling-messages", type=int, default=30000)

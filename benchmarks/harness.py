@@ -10,8 +10,8 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -50,6 +50,8 @@ class Result:
     cpu_ms_per_saga: dict[str, float]  # per process, and the broker's and database's
     notes: list[str] = field(default_factory=list)
     profiles: list[Profile] = field(default_factory=list)
+    quorum_messages_per_saga: float = 0.0  # through quorum queues: commands, requests, outcomes
+    wal_bytes_per_saga: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -60,9 +62,38 @@ class Result:
         return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
     def efficiency(self, ceiling_msgs_per_s: float | None) -> float | None:
+        """Quorum messages moved per second, as a share of what the broker alone moves."""
         if not ceiling_msgs_per_s:
             return None
-        return self.rate * self.messages_per_saga / ceiling_msgs_per_s
+        return self.rate * self.quorum_messages_per_saga / ceiling_msgs_per_s
+
+    @property
+    def cpu_ms(self) -> float:
+        return sum(self.cpu_ms_per_saga.values())
+
+
+def pooled(results: Sequence[Result]) -> Result:
+    """Rounds of one plan, measured apart (alternating with the peer's), as one result."""
+    first, total = results[0], sum(r.plan.sagas for r in results)
+
+    def mean(values: Iterable[float]) -> float:
+        return sum(v * r.plan.sagas for v, r in zip(values, results, strict=True)) / total
+
+    outcomes: dict[str, int] = {}
+    for r in results:
+        for key, n in r.outcomes.items():
+            outcomes[key] = outcomes.get(key, 0) + n
+    cpu = {k: round(mean(r.cpu_ms_per_saga.get(k, 0.0) for r in results), 2)
+           for k in first.cpu_ms_per_saga}  # fmt: skip
+    return Result(
+        plan=replace(first.plan, sagas=total), seconds=sum(r.seconds for r in results),
+        latencies_ms=[ms for r in results for ms in r.latencies_ms], outcomes=outcomes,
+        messages_per_saga=mean(r.messages_per_saga for r in results),
+        transactions_per_saga=mean(r.transactions_per_saga for r in results),
+        cpu_ms_per_saga=cpu, notes=[f"{len(results)} rounds pooled"],
+        quorum_messages_per_saga=mean(r.quorum_messages_per_saga for r in results),
+        wal_bytes_per_saga=mean(r.wal_bytes_per_saga for r in results),
+    )  # fmt: skip
 
 
 def cpu_seconds(pid: int) -> float:
@@ -224,13 +255,15 @@ async def _measure(settings: Settings, plan: Plan, notes: list[str]) -> Result:
     await asyncio.sleep(1.0)  # the stopped backends' last counters reach the statistics
     after = await _counters(settings.database_url)
     delta = {key: after[key] - before[key] for key in after}
-    # The agent's command and its forward to the partition, what the outbox published, and
-    # the adapters' outcomes (each handled by the coordinator).
-    messages = 2 * plan.sagas + delta["outbox_rows"] + delta["outcomes"]
+    # The agent's command (routed straight to its partition), what the coordinator published
+    # (requests, replies, events) and the adapters' outcomes; a request per outcome.
+    messages = plan.sagas + delta["outbox_rows"] + delta["outcomes"]
+    quorum = plan.sagas + 2 * delta["outcomes"]
     return Result(
         plan=plan, seconds=load.seconds, latencies_ms=load.latencies_ms, outcomes=load.outcomes,
         messages_per_saga=messages / plan.sagas,
         transactions_per_saga=delta["transactions"] / plan.sagas,
         cpu_ms_per_saga={k: round(v / plan.sagas * 1000, 2) for k, v in cpu.items()},
-        notes=notes, profiles=profiles,
+        notes=notes, profiles=profiles, quorum_messages_per_saga=quorum / plan.sagas,
+        wal_bytes_per_saga=delta["wal_bytes"] / plan.sagas,
     )  # fmt: skip

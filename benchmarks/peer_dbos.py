@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import resource
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from services.errors import TransientFailure
 from services.faults import add_fault
 from services.registry import system_for
 from services.store import system_of
+from shared import loop
 from shared.catalog import ActionClass, load_catalog
 from shared.config import Settings
 from shared.messages import ActionRequest, Phase
@@ -52,7 +54,9 @@ class PeerResult:
     latencies_ms: list[float]
     outcomes: dict[str, int]
     transactions_per_saga: float
-    cpu_ms_per_saga: float
+    cpu_ms_per_saga: float  # the DBOS process(es)
+    postgres_cpu_ms_per_saga: float = 0.0  # the database server meanwhile
+    processes: int = 1
 
     @property
     def rate(self) -> float:
@@ -204,7 +208,11 @@ async def _commits(admin: asyncpg.Connection, databases: list[str]) -> int:
     return total
 
 
-async def run_dbos(server_url: str, sagas: int, concurrency: int) -> PeerResult:
+async def run_dbos(
+    server_url: str, sagas: int, concurrency: int, *, together: bool = False
+) -> PeerResult:
+    """``together``: after the warm-up, say ``ready`` on stdout and start the timed load at the
+    ``go`` line on stdin, so several processes time the same window."""
     run = uuid.uuid4().hex[:8]
     databases = [f"saga_peer_{run}", f"saga_peer_{run}_dbos_sys"]
     app_url, sys_url = (_url(server_url, name) for name in databases)
@@ -220,9 +228,14 @@ async def run_dbos(server_url: str, sagas: int, concurrency: int) -> PeerResult:
         before = await _commits(admin, databases)
         async with _session(app_url, sys_url, concurrency):
             await _load("w", WARM_UP, min(WARM_UP, concurrency))
+            if together:
+                print("ready", flush=True)
+                await asyncio.to_thread(sys.stdin.readline)
             cpu = resource.getrusage(resource.RUSAGE_SELF)
+            server = _postgres_cpu()
             seconds, latencies, outcomes = await _load("t", sagas, concurrency)
             used = resource.getrusage(resource.RUSAGE_SELF)
+            server = _postgres_cpu() - server
         after = await _commits(admin, databases)
     finally:
         await admin.close()
@@ -241,6 +254,77 @@ async def run_dbos(server_url: str, sagas: int, concurrency: int) -> PeerResult:
         name=f"DBOS Transact {version('dbos')}", sagas=sagas, concurrency=concurrency,
         seconds=seconds, latencies_ms=latencies, outcomes=outcomes,
         transactions_per_saga=transactions, cpu_ms_per_saga=cpu_ms / sagas,
+        postgres_cpu_ms_per_saga=server * 1000 / sagas,
+    )  # fmt: skip
+
+
+def _postgres_cpu() -> float:
+    from benchmarks.harness import cpu_seconds, pids_named
+
+    return sum(cpu_seconds(pid) for pid in pids_named("postgres"))
+
+
+async def run_dbos_processes(
+    server_url: str, sagas: int, concurrency: int, processes: int = 1
+) -> PeerResult:
+    """The peer in ``processes`` processes of its own (a fresh interpreter each, as a deployment
+    runs it), the load and the concurrency split between them, each with its own databases;
+    one result for them all, timed by the slowest."""
+    share = [sagas // processes + (i < sagas % processes) for i in range(processes)]
+    window = [max(1, concurrency // processes)] * processes
+    env = {**os.environ, "SAGA_DATABASE_URL": server_url}
+    children = []
+    for n, c in zip(share, window, strict=True):
+        argv = ["-m", "benchmarks.peer_dbos", "--sagas", str(n), "--concurrency", str(c)]
+        children.append(await asyncio.create_subprocess_exec(
+            sys.executable, *argv, "--json", "--together", env=env,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        ))  # fmt: skip
+    for child in children:  # all warmed up, then all timed from one moment
+        assert child.stdout is not None
+        if (await child.stdout.readline()).strip() != b"ready":
+            raise RuntimeError("a DBOS peer process failed before its load")
+    runs = []
+    for child in children:
+        out, _ = await child.communicate(b"go\n")
+        if child.returncode != 0:
+            raise RuntimeError(f"DBOS peer process failed ({child.returncode})")
+        runs.append(PeerResult(**{k: v for k, v in json.loads(out).items()
+                                  if k in PeerResult.__dataclass_fields__}))  # fmt: skip
+    outcomes: dict[str, int] = {}
+    for r in runs:
+        for key, n in r.outcomes.items():
+            outcomes[key] = outcomes.get(key, 0) + n
+    return PeerResult(
+        name=runs[0].name, sagas=sagas, concurrency=sum(window),
+        seconds=max(r.seconds for r in runs),
+        latencies_ms=[ms for r in runs for ms in r.latencies_ms], outcomes=outcomes,
+        transactions_per_saga=sum(r.transactions_per_saga * r.sagas for r in runs) / sagas,
+        cpu_ms_per_saga=sum(r.cpu_ms_per_saga * r.sagas for r in runs) / sagas,
+        # Each process measured the server over its own window; the windows nearly coincide.
+        postgres_cpu_ms_per_saga=max(r.postgres_cpu_ms_per_saga * r.sagas for r in runs) / sagas,
+        processes=processes,
+    )  # fmt: skip
+
+
+def pooled(runs: list[PeerResult]) -> PeerResult:
+    """Rounds of one configuration, measured apart, as one result."""
+    total = sum(r.sagas for r in runs)
+    outcomes: dict[str, int] = {}
+    for r in runs:
+        for key, n in r.outcomes.items():
+            outcomes[key] = outcomes.get(key, 0) + n
+
+    def mean(field: str) -> float:
+        return float(sum(getattr(r, field) * r.sagas for r in runs) / total)
+
+    return PeerResult(
+        name=runs[0].name, sagas=total, concurrency=runs[0].concurrency,
+        seconds=sum(r.seconds for r in runs),
+        latencies_ms=[ms for r in runs for ms in r.latencies_ms], outcomes=outcomes,
+        transactions_per_saga=mean("transactions_per_saga"),
+        cpu_ms_per_saga=mean("cpu_ms_per_saga"),
+        postgres_cpu_ms_per_saga=mean("postgres_cpu_ms_per_saga"), processes=runs[0].processes,
     )  # fmt: skip
 
 
@@ -258,10 +342,10 @@ def _as_json(r: PeerResult) -> dict[str, Any]:
     return {**asdict(r), **summary}
 
 
-async def _main(sagas: int, concurrencies: list[int], as_json: bool) -> None:
+async def _main(sagas: int, concurrencies: list[int], as_json: bool, together: bool) -> None:
     url = os.environ.get("SAGA_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/")
     for concurrency in concurrencies:
-        result = await run_dbos(url, sagas, concurrency)
+        result = await run_dbos(url, sagas, concurrency, together=together)
         print(json.dumps(_as_json(result)) if as_json else _line(result), flush=True)
 
 
@@ -270,5 +354,7 @@ if __name__ == "__main__":
     parser.add_argument("--sagas", type=int, default=300)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--together", action="store_true", help="start at 'go' on stdin")
     args = parser.parse_args()
-    asyncio.run(_main(args.sagas, args.concurrency, args.json))
+    # The peer runs on uvloop too: it is faster there (measured), and it is measured at its best.
+    loop.run(_main(args.sagas, args.concurrency, args.json, args.together))

@@ -86,14 +86,15 @@ def _growth(plt: Any, f: Findings, out_dir: Path) -> Path:
 
 def _peer(plt: Any, f: Findings, out_dir: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    width = 0.38
     cs = [r.plan.concurrency for r in f.ours_refund]
-    theirs = {p.concurrency: p.rate for p in f.peer}
+    counts = sorted({p.processes for p in f.peer})
+    width = 0.8 / (1 + len(counts))
     xs = list(range(len(cs)))
-    ax.bar([x - width / 2 for x in xs], [r.rate for r in f.ours_refund], width,
-           label="this stack")  # fmt: skip
-    ax.bar([x + width / 2 for x in xs], [theirs.get(c, 0.0) for c in cs], width,
-           label=f.peer[0].name)  # fmt: skip
+    ax.bar(xs, [r.rate for r in f.ours_refund], width, label="this stack")
+    for i, n in enumerate(counts, start=1):
+        theirs = {p.concurrency: p.rate for p in f.peer if p.processes == n}
+        ax.bar([x + i * width for x in xs], [theirs.get(c, 0.0) for c in cs], width,
+               label=f"{f.peer[0].name}, {n} process{'es' if n > 1 else ''}")  # fmt: skip
     ax.set_xticks(xs, [f"concurrency {c}" for c in cs])
     ax.set(ylabel="sagas/s", title="Refund saga with compensation, same Postgres")
     ax.legend()
