@@ -202,7 +202,8 @@ def markdown(f: Findings, plots: Sequence[str]) -> str:
         "including the broker's and the database's.", "",
         f"Raw broker ceiling in the same run: **{f.ceiling_msgs_per_s:.0f} msgs/s** "
         f"({f.ceiling_processes} processes publishing persistent messages with confirms to "
-        "quorum queues and consuming them). Efficiency = sagas/s x msgs/saga / that ceiling.", "",
+        "quorum queues and consuming them). Efficiency = sagas/s x quorum msgs/saga / that "
+        "ceiling.", "",
         "## Targets", "", *targets_table(f), "", "## What bounds it", "", *bounds(f), "",
         "## Every run", "", *runs_table(f.sweep + f.scaling + grown + f.ours_refund,
                                          f.ceiling_msgs_per_s), "",
