@@ -77,6 +77,18 @@ def _message(name: str, summary: str) -> dict[str, Any]:
     }
 
 
+def _command_route(key: str, partitions: int) -> str:
+    user = "with the AMQP user_id property set to your broker user"
+    if key.startswith("dlq."):
+        return f"Publish {key} here (topic exchange, routing key {key}), {user}."
+    return (
+        f"Publish {key} here (topic exchange), {user}, under the routing key "
+        f"{key}.<p> where p = crc32(UTF-8 order_id) % {partitions} (zlib.crc32): it goes "
+        f"straight to the order's partition. The bare key {key} also works, one hop slower "
+        "(through the intake); use one form per order."
+    )
+
+
 def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
     t = Topology(namespace, partitions, delivery_limit=5)
     bindings = {"amqp": {"is": "routingKey", "exchange": {"type": "topic", "durable": True}}}
@@ -94,8 +106,7 @@ def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
         "channels": {
             **{
                 f"{t.commands_exchange}/{key}": {
-                    "description": f"Publish {key} here (topic exchange, key {key}), with the "
-                    "AMQP user_id property set to your broker user.",
+                    "description": _command_route(key, partitions),
                     "publish": {"message": _message(key, model.__doc__ or key)},
                     "bindings": bindings,
                 }
