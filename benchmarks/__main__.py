@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.ceiling import broker_ceiling
+from benchmarks.commands import commands_accepted
 from benchmarks.harness import Plan, Result, pooled, run_benchmark, run_growth
 from benchmarks.report import Findings, PeerRun, write
 from shared import loop
@@ -54,6 +55,10 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
         for pair in findings.growth:
             for result in pair:
                 print(_line(result), flush=True)
+    if args.commands:
+        findings.accepted = await commands_accepted(settings, args.commands)
+        a = findings.accepted
+        print(f"commands accepted: {a.commands} in {a.seconds:.2f} s, {a.rate:.0f}/s", flush=True)
     findings.ours_refund, findings.peer = await _side_by_side(settings, args)
     return findings
 
@@ -93,6 +98,8 @@ def main() -> None:
                         help="finished sagas stored for the growth run (0: none)")  # fmt: skip
     parser.add_argument("--peer-concurrency", type=int, nargs="*", default=[1, 64])
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds beside DBOS")
+    parser.add_argument("--commands", type=int, default=5000,
+                        help="gated starts for the commands-accepted rate (0: skip)")  # fmt: skip
     parser.add_argument("--no-peer", action="store_true", help="skip DBOS (no bench extra)")
     parser.add_argument("--no-profile", action="store_true", help="no py-spy sampling")
     parser.add_argument("--ceiling-messages", type=int, default=30000)

@@ -136,10 +136,11 @@ class CpuMeter:
 
 
 async def _start_processes(
-    settings: Settings, coordinators: int
+    settings: Settings, coordinators: int, extra: dict[str, str] | None = None
 ) -> list[tuple[str, asyncio.subprocess.Process]]:
     env = {
         **os.environ,
+        **(extra or {}),
         "SAGA_AMQP_URL": settings.amqp_url,
         "SAGA_DATABASE_URL": settings.database_url,
         "SAGA_NAMESPACE": settings.namespace,

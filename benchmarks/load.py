@@ -91,7 +91,9 @@ async def run_load(settings: Settings, run: str, sagas: int, concurrency: int, m
                 start = command(run, i, mix)
                 waiting[start.saga_id] = asyncio.get_running_loop().create_future()
                 began = time.perf_counter()
-                await bus.publish(bus.topology.commands_exchange, start.type, start)
+                # Routed straight to the order's partition, as the client library does.
+                key = bus.topology.command_key(start.type, start.order_id)
+                await bus.publish(bus.topology.commands_exchange, key, start)
                 outcome = await asyncio.wait_for(waiting[start.saga_id], 300)
                 latencies.append((time.perf_counter() - began) * 1000)
                 outcomes[outcome] = outcomes.get(outcome, 0) + 1

@@ -1,13 +1,16 @@
 """A simulated external system with Stripe-like idempotency and fault injection.
 
-Every call runs in ONE transaction: claim the idempotency key, apply any injected fault, run the
-handler, store the outcome. A stored outcome (success or failure) is returned for every later
-call with that key, so a redelivered or retried request never applies its effect twice.
+Every call is ONE statement, ``sim_call`` (migration 0007), and so one transaction: claim the
+idempotency key, apply any injected fault, run the action, store the outcome. What needs no
+database (checking the parameters, choosing new ids, read-only answers) is decided here first
+by the action's ``Prepare`` function; a refusal it raises is stored like any other outcome. A
+stored outcome (success or failure) is returned for every later call with that key, so a
+redelivered or retried request never applies its effect twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,10 +20,9 @@ from pydantic import JsonValue
 from services.errors import PermanentFailure, TransientFailure
 from services.store import Conn, Q, from_json, to_json
 from shared.messages import ActionRequest
-from shared.sql import VALUE_ERRORS
-from shared.text import clean
 
-Handler = Callable[[Conn, ActionRequest], Awaitable[dict[str, JsonValue]]]
+# The values the action writes (new ids included), checked; raises PermanentFailure to refuse.
+Prepare = Callable[[ActionRequest], dict[str, JsonValue]]
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class Stored:
 
 
 class SimulatedSystem:
-    def __init__(self, name: str, handlers: Mapping[str, Handler]) -> None:
+    def __init__(self, name: str, handlers: Mapping[str, Prepare]) -> None:
         self.name = name
         self.handlers = dict(handlers)
 
@@ -58,74 +60,26 @@ class SimulatedSystem:
     async def execute_on(self, conn: Conn, req: ActionRequest) -> Stored:
         """``execute`` on a connection the caller holds (the adapter's timeout then covers the
         call alone, not the wait for a free connection of its own pool)."""
-        async with conn.transaction():
-            verdict = await self._run(conn, req)
-        # Raised only after the commit: the consumed fault must stay consumed.
-        if isinstance(verdict, TransientFailure):
-            raise verdict
-        return verdict
+        values, refusal = self.prepare(req)
+        row = await conn.fetchrow(
+            Q.call, req.idempotency_key, self.name, req.action, req.order_id,
+            to_json(values), refusal,
+        )  # fmt: skip
+        assert row is not None
+        if row["call_transient"]:
+            raise TransientFailure(row["call_error"])
+        if row["call_outcome"] == "done":
+            return Stored.done(from_json(row["call_result"]) or {})
+        return Stored.failed(row["call_error"] or "failed")
 
-    async def _run(self, conn: Conn, req: ActionRequest) -> Stored | TransientFailure:
-        claimed = await conn.fetchval(
-            Q.claim_key, req.idempotency_key, self.name, req.action, req.order_id
-        )
-        if claimed is None:
-            return await stored_outcome(conn, req)
-        fault = await _injected_fault(conn, req)
-        if isinstance(fault, TransientFailure):
-            await conn.execute(Q.release_key, req.idempotency_key)
-            return fault
-        if fault is not None:
-            return await _store(conn, req, fault)
-        return await _store(conn, req, await self._call_handler(conn, req))
-
-    async def _call_handler(self, conn: Conn, req: ActionRequest) -> Stored:
+    def prepare(self, req: ActionRequest) -> tuple[dict[str, JsonValue], str | None]:
+        """The values the call writes, or why it refuses (stored as its outcome unless a fault
+        or an earlier outcome for the key comes first)."""
         handler = self.handlers.get(req.action)
         if handler is None:
             known = ", ".join(self.actions)
-            return Stored.failed(f"{self.name} has no action {req.action!r} (known: {known})")
+            return {}, f"{self.name} has no action {req.action!r} (known: {known})"
         try:
-            # A savepoint: a handler refusing half-way leaves none of its writes behind, while
-            # the idempotency claim survives to store the refusal.
-            async with conn.transaction():
-                return Stored.done(await handler(conn, req))
+            return handler(req), None
         except PermanentFailure as exc:
-            return Stored.failed(str(exc))
-        except VALUE_ERRORS as exc:
-            # A value this system cannot take (out of its column's range, a character it
-            # refuses): a refusal, nothing landed; retrying would refuse it again.
-            return Stored.failed(f"{self.name} refused a value: {clean(str(exc), 500)}")
-
-
-async def stored_outcome(conn: Conn, req: ActionRequest) -> Stored:
-    row = await conn.fetchrow(Q.stored_outcome, req.idempotency_key)
-    if row is None:  # pragma: no cover - the claim conflicted, so the row exists
-        raise TransientFailure(f"idempotency key {req.idempotency_key!r} vanished; retry")
-    if row["action"] != req.action or row["order_id"] != req.order_id:
-        # Stripe refuses a key reused with other parameters; reusing one for another action or
-        # order is the same mistake, and returning the other call's result would hide it.
-        return Stored.failed(
-            f"idempotency key {req.idempotency_key!r} was first used for {row['action']} "
-            f"on order {row['order_id']}"
-        )
-    if row["outcome"] == "done":
-        return Stored.done(from_json(row["result"]) or {})
-    return Stored.failed(row["error"] or "failed")
-
-
-async def _injected_fault(conn: Conn, req: ActionRequest) -> Stored | TransientFailure | None:
-    row = await conn.fetchrow(Q.lock_fault, req.action, req.order_id)
-    if row is None:
-        return None
-    if row["mode"] == "permanent":
-        return Stored.failed(f"injected permanent fault on {req.action}")
-    left = await conn.fetchval(Q.consume_fault, req.action, req.order_id)
-    if left is None:  # transient fault used up: the call goes through
-        return None
-    return TransientFailure(f"injected transient fault on {req.action} ({left} more to come)")
-
-
-async def _store(conn: Conn, req: ActionRequest, stored: Stored) -> Stored:
-    result = None if stored.result is None else to_json(stored.result)
-    await conn.execute(Q.store_outcome, req.idempotency_key, stored.outcome, result, stored.error)
-    return stored
+            return {}, str(exc)

@@ -11,7 +11,6 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 from pydantic import JsonValue
 
-from shared.messages import ActionRequest
 from shared.sql import Queries
 
 Q = Queries(Path(__file__).with_name("queries.sql"))
@@ -42,21 +41,3 @@ def row_dict(row: asyncpg.Record) -> dict[str, object]:
 
 def system_of(action: str) -> str:
     return action.split(".", 1)[0]
-
-
-async def record_effect(
-    conn: Conn,
-    req: ActionRequest,
-    entity_id: str,
-    detail: dict[str, JsonValue] | None = None,
-) -> None:
-    """One row per side effect applied: rule 3 ("at most once per key") is checked by counting."""
-    await conn.execute(
-        Q.insert_effect,
-        system_of(req.action),
-        req.action,
-        req.order_id,
-        req.idempotency_key,
-        entity_id,
-        to_json(detail or {}),
-    )

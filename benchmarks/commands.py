@@ -1,0 +1,79 @@
+"""Commands accepted per second: starts of a saga whose one step waits at an approval gate,
+each for its own order, published as fast as the broker confirms them (in pipelined batches,
+straight to their partitions, no ``reply_to``), timed from the first publish until every saga
+is in the register. No adapter has work, so this is the gateway, the convoy and the register
+write alone. The agents' rate limit is lifted for the measurement."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import asyncpg
+from pydantic import JsonValue
+
+from benchmarks.harness import SETTLE_S, _fresh, _start_processes, _stop
+from benchmarks.load import new_run_id
+from shared.bus import Bus
+from shared.codec import message_to_amqp
+from shared.config import Settings
+from shared.messages import Gate, Plan, PlanStep, StartSaga
+
+GATED = Plan(steps=(PlanStep(action="inventory.reserve_stock", gate=Gate()),))
+CHUNK = 500  # publishes in one confirm round
+
+
+@dataclass(frozen=True)
+class Accepted:
+    commands: int
+    publish_seconds: float  # until the broker confirmed the last
+    seconds: float  # until the last saga was in the register
+
+    @property
+    def rate(self) -> float:
+        return self.commands / self.seconds
+
+
+async def commands_accepted(base: Settings, commands: int) -> Accepted:
+    unlimited = {"SAGA_AGENT_RATE": "1000000", "SAGA_AGENT_BURST": "1000000"}
+    run = new_run_id()
+    async with _fresh(base) as settings:
+        procs = await _start_processes(settings, 1, unlimited)
+        try:
+            await asyncio.sleep(SETTLE_S)
+            return await _publish_and_wait(settings, run, commands)
+        finally:
+            await _stop(procs)
+
+
+async def _publish_and_wait(settings: Settings, run: str, commands: int) -> Accepted:
+    params: dict[str, JsonValue] = {"sku": "SKU-1", "quantity": 1}
+    starts = [
+        StartSaga(saga_id=f"c{run}-{i}", order_id=f"co{run}-{i}", plan=GATED, params=params)
+        for i in range(commands)
+    ]
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        async with Bus(settings) as bus:
+            t = bus.topology
+            items = [(t.commands_exchange, t.command_key(s.type, s.order_id), message_to_amqp(s))
+                     for s in starts]  # fmt: skip
+            began = time.perf_counter()
+            for i in range(0, len(items), CHUNK):
+                errors = await bus.publish_many(items[i : i + CHUNK])
+                if any(errors):
+                    raise RuntimeError(f"publishing commands failed: {errors}")
+            published = time.perf_counter() - began
+            await _until_registered(conn, commands)
+            return Accepted(commands, published, time.perf_counter() - began)
+    finally:
+        await conn.close()
+
+
+async def _until_registered(conn: asyncpg.Connection, commands: int) -> None:
+    """Polls: the sagas are written by another process, which tells this one nothing."""
+    while True:
+        if await conn.fetchval("SELECT count(*) FROM sagas") >= commands:
+            return
+        await asyncio.sleep(0.02)
