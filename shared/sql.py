@@ -17,6 +17,11 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.TooManyConnectionsError,
     asyncpg.SerializationError,
     asyncpg.DeadlockDetectedError,
+    # A pooled connection the server dropped while it was idle can fail its next statement
+    # with this instead of a connection error (seen when Postgres shuts down under load);
+    # treated as anything else, the message was requeued without a block and one order's
+    # commands ran out of publish order.
+    asyncpg.exceptions._base.InternalClientError,
 )
 
 # A value the database (or asyncpg, before sending it) refuses: never transient, whatever its
