@@ -10,7 +10,8 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -72,6 +73,10 @@ class Result:
         return sum(self.cpu_ms_per_saga.values())
 
 
+def total_outcomes(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    return dict(sum((Counter(c) for c in counts), Counter()))
+
+
 def pooled(results: Sequence[Result]) -> Result:
     """Rounds of one plan, measured apart (alternating with the peer's), as one result."""
     first, total = results[0], sum(r.plan.sagas for r in results)
@@ -79,10 +84,7 @@ def pooled(results: Sequence[Result]) -> Result:
     def mean(values: Iterable[float]) -> float:
         return sum(v * r.plan.sagas for v, r in zip(values, results, strict=True)) / total
 
-    outcomes: dict[str, int] = {}
-    for r in results:
-        for key, n in r.outcomes.items():
-            outcomes[key] = outcomes.get(key, 0) + n
+    outcomes = total_outcomes(r.outcomes for r in results)
     cpu = {k: round(mean(r.cpu_ms_per_saga.get(k, 0.0) for r in results), 2)
            for k in first.cpu_ms_per_saga}  # fmt: skip
     return Result(

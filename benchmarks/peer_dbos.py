@@ -25,6 +25,7 @@ import asyncpg
 from dbos import DBOS, SetWorkflowID
 from pydantic import JsonValue
 
+from benchmarks.harness import cpu_seconds, pids_named, total_outcomes
 from services.errors import TransientFailure
 from services.faults import add_fault
 from services.registry import system_for
@@ -259,8 +260,6 @@ async def run_dbos(
 
 
 def _postgres_cpu() -> float:
-    from benchmarks.harness import cpu_seconds, pids_named
-
     return sum(cpu_seconds(pid) for pid in pids_named("postgres"))
 
 
@@ -291,10 +290,7 @@ async def run_dbos_processes(
             raise RuntimeError(f"DBOS peer process failed ({child.returncode})")
         runs.append(PeerResult(**{k: v for k, v in json.loads(out).items()
                                   if k in PeerResult.__dataclass_fields__}))  # fmt: skip
-    outcomes: dict[str, int] = {}
-    for r in runs:
-        for key, n in r.outcomes.items():
-            outcomes[key] = outcomes.get(key, 0) + n
+    outcomes = total_outcomes(r.outcomes for r in runs)
     return PeerResult(
         name=runs[0].name, sagas=sagas, concurrency=sum(window),
         seconds=max(r.seconds for r in runs),
@@ -310,10 +306,7 @@ async def run_dbos_processes(
 def pooled(runs: list[PeerResult]) -> PeerResult:
     """Rounds of one configuration, measured apart, as one result."""
     total = sum(r.sagas for r in runs)
-    outcomes: dict[str, int] = {}
-    for r in runs:
-        for key, n in r.outcomes.items():
-            outcomes[key] = outcomes.get(key, 0) + n
+    outcomes = total_outcomes(r.outcomes for r in runs)
 
     def mean(field: str) -> float:
         return float(sum(getattr(r, field) * r.sagas for r in runs) / total)

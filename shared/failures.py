@@ -37,10 +37,12 @@ def failure_recorder(
     ) -> None:
         ident = identify_incoming(message)
         text = clean(f"{type(error).__name__}: {error}", 4000)
+        blocks = block_order and outcome is Outcome.RETRY and ident.order_id is not None
+        # Found before a connection is held: finding it may read the store itself.
+        held_by = (await key(message) if key and blocks else None) or ident.message_id
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute(Q.failure_upsert, ident.message_id, ident.order_id, queue, text)
-            if block_order and outcome is Outcome.RETRY and ident.order_id is not None:
-                held_by = (await key(message) if key else None) or ident.message_id
+            if blocks:
                 await conn.execute(Q.block_upsert, ident.order_id, held_by, "retrying", text)
 
     return on_failure
