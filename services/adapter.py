@@ -10,7 +10,9 @@ absorbs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Sequence
 
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
@@ -33,9 +35,10 @@ from services.simulated import Stored
 from shared import trust
 from shared.bus import Bus
 from shared.catalog import Catalog
-from shared.codec import decode_incoming
+from shared.codec import decode_incoming, message_to_amqp
 from shared.config import Settings
 from shared.crashpoints import crash_point
+from shared.delivery import Alone, BatchVerdict
 from shared.errors import RetryLater
 from shared.failures import failure_recorder
 from shared.identity import Directory
@@ -80,31 +83,75 @@ class Adapter:
             # A request's order is not blocked until it is dead-lettered: other requests of the
             # same order do not exist while this one is in flight (one action per saga).
             on_failure=failure_recorder(self.pool, queue, block_order=False),
+            batch=self.handle_batch if self.settings.adapter_batch > 1 else None,
+            max_batch=self.settings.adapter_batch,
         )
 
-    async def handle(self, message: AbstractIncomingMessage) -> None:
+    def _request(self, message: AbstractIncomingMessage) -> ActionRequest:
         req = decode_incoming(message, _REQUEST, self.settings.max_message_bytes)
         trust.request(self.directory, req, message.user_id, self.service)  # Forged: dead letter
-        outcome = await self.perform(req)
+        return req
+
+    async def handle(self, message: AbstractIncomingMessage, *, tried: int = 0) -> None:
+        """One request alone; ``tried``: calls a batch already made for it, which failed
+        transiently (the catalog's attempts count them)."""
+        req = self._request(message)
+        outcome = await self.perform(req, tried)
         crash_point("adapter.before_publish")
         try:
             await self.bus.to_partition(outcome)
         except (AMQPError, ConnectionError, TimeoutError) as exc:
             # Not confirmed: requeue the request; its stored outcome is published next time.
-            raise RetryLater(f"outcome of {req.idempotency_key} not confirmed: {exc!r}") from exc
-        log.info(
-            "%s saga=%s order=%s key=%s attempt=%d -> %s after %d tries%s",
-            req.action,
-            req.saga_id,
-            req.order_id,
-            req.idempotency_key,
-            req.attempt,
-            outcome.type,
-            outcome.tries,
-            f": {outcome.reason}" if isinstance(outcome, ActionFailed) else "",
-        )
+            raise _unconfirmed(req, exc) from exc
+        _log_outcome(req, outcome)
 
-    async def perform(self, req: ActionRequest) -> ActionDone | ActionFailed:
+    async def handle_batch(self, messages: Sequence[AbstractIncomingMessage]) -> list[BatchVerdict]:
+        """The requests that arrived together: one statement for their calls, one confirm round
+        for their outcomes. A request whose call failed transiently is retried alone (with
+        backoff, counting this call); so is every request of a batch whose statement failed,
+        so that one bad request fails alone."""
+        verdicts: list[BatchVerdict] = [None] * len(messages)
+        valid: list[tuple[int, ActionRequest]] = []
+        for i, message in enumerate(messages):
+            try:
+                valid.append((i, self._request(message)))
+            except Exception as exc:
+                verdicts[i] = exc
+        if not valid:
+            return verdicts
+        try:
+            called = await self._call_batch([req for _, req in valid])
+        except Exception as exc:
+            log.warning("%s: a batch of %d failed (%r): each alone", self.service, len(valid), exc)
+            for i, _ in valid:
+                verdicts[i] = Alone()
+            return verdicts
+        reports: list[tuple[int, ActionRequest, ActionDone | ActionFailed]] = []
+        for (i, req), verdict in zip(valid, called, strict=True):
+            if isinstance(verdict, TransientFailure):
+                verdicts[i] = Alone(functools.partial(self.handle, tried=1))
+            else:
+                reports.append((i, req, build_outcome(req, verdict, 1)))
+        crash_point("adapter.before_publish")
+        exchange = self.bus.topology.partitions_exchange
+        sent = await self.bus.publish_many(
+            [
+                (exchange, self.bus.topology.partition_key(req.order_id), message_to_amqp(out))
+                for _, req, out in reports
+            ]
+        )
+        for (i, req, outcome), error in zip(reports, sent, strict=True):
+            verdicts[i] = None if error is None else _unconfirmed(req, error)
+            if error is None:
+                _log_outcome(req, outcome)
+        return verdicts
+
+    async def _call_batch(self, reqs: list[ActionRequest]) -> list[Verdict]:
+        timeout = min(req.timeout_s for req in reqs)
+        async with self.pool.acquire() as conn:
+            return await asyncio.wait_for(self.system.execute_many(conn, reqs), timeout)
+
+    async def perform(self, req: ActionRequest, tried: int = 0) -> ActionDone | ActionFailed:
         """Call the system (with retries) and build the outcome to report; no broker I/O.
 
         While the database is away the message is held and the call retried for ``db_retry_s``:
@@ -120,18 +167,22 @@ class Adapter:
         try:
             async for attempt in holding:
                 with attempt:
-                    verdict, tries = await self._call_with_retries(req)
+                    verdict, tries = await self._call_with_retries(req, tried)
         except TRANSIENT_DB_ERRORS as exc:
             if not is_transient(exc):
                 raise
             raise RetryLater(f"database unreachable during {req.action}: {exc!r}") from exc
         return build_outcome(req, verdict, tries)
 
-    async def _call_with_retries(self, req: ActionRequest) -> tuple[Verdict, int]:
+    async def _call_with_retries(self, req: ActionRequest, tried: int) -> tuple[Verdict, int]:
         policy = self.catalog.retry_policy(req.action)
-        tries = 0
+        tries = tried
+        if tried:  # the backoff the first retry would have waited
+            await asyncio.sleep(
+                min(policy.initial_backoff_s * 2 ** (tried - 1), policy.max_backoff_s)
+            )
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(policy.attempts),
+            stop=stop_after_attempt(max(policy.attempts - tried, 1)),
             wait=wait_exponential(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s),
             retry=retry_if_exception_type(TransientFailure),
             reraise=True,
@@ -154,3 +205,21 @@ class Adapter:
                 raise TransientFailure(
                     f"{req.action} gave no answer within {req.timeout_s:g}s"
                 ) from None
+
+
+def _unconfirmed(req: ActionRequest, exc: BaseException) -> RetryLater:
+    return RetryLater(f"outcome of {req.idempotency_key} not confirmed: {exc!r}")
+
+
+def _log_outcome(req: ActionRequest, outcome: ActionDone | ActionFailed) -> None:
+    log.info(
+        "%s saga=%s order=%s key=%s attempt=%d -> %s after %d tries%s",
+        req.action,
+        req.saga_id,
+        req.order_id,
+        req.idempotency_key,
+        req.attempt,
+        outcome.type,
+        outcome.tries,
+        f": {outcome.reason}" if isinstance(outcome, ActionFailed) else "",
+    )

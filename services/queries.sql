@@ -80,3 +80,12 @@ ORDER BY min(id);
 -- jsonb travels as text: pools come from callers without a jsonb codec.
 SELECT call_outcome, call_result::text AS call_result, call_error, call_transient
 FROM sim_call($1, $2, $3, $4, $5::jsonb, $6);
+
+-- name: call_many
+-- Several calls in one statement, so one transaction and one commit: each row is a call as
+-- above, $7 its position in the caller's list. A call that raises fails them all (the caller
+-- then makes each alone).
+SELECT c.n, r.call_outcome, r.call_result::text AS call_result, r.call_error, r.call_transient
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[])
+    AS c(key, system, action, order_id, vals, refusal, n)
+CROSS JOIN LATERAL sim_call(c.key, c.system, c.action, c.order_id, c.vals::jsonb, c.refusal) AS r;

@@ -10,7 +10,7 @@ redelivered or retried request never applies its effect twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -66,11 +66,35 @@ class SimulatedSystem:
             to_json(values), refusal,
         )  # fmt: skip
         assert row is not None
-        if row["call_transient"]:
-            raise TransientFailure(row["call_error"])
-        if row["call_outcome"] == "done":
-            return Stored.done(from_json(row["call_result"]) or {})
-        return Stored.failed(row["call_error"] or "failed")
+        verdict = _verdict(row)
+        if isinstance(verdict, TransientFailure):
+            raise verdict
+        return verdict
+
+    async def execute_many(
+        self, conn: Conn, reqs: Sequence[ActionRequest]
+    ) -> list[Stored | TransientFailure]:
+        """``execute_on`` for several requests in one statement, hence one transaction: the
+        verdict of each, in order. Raises if any call raises (nothing is then stored). The
+        calls run in key order so that two batches lock shared rows in the same order."""
+        order = sorted(range(len(reqs)), key=lambda i: reqs[i].idempotency_key)
+        prepared = [self.prepare(reqs[i]) for i in order]
+        rows = await conn.fetch(
+            Q.call_many,
+            [reqs[i].idempotency_key for i in order],
+            [self.name] * len(order),
+            [reqs[i].action for i in order],
+            [reqs[i].order_id for i in order],
+            [to_json(values) for values, _ in prepared],
+            [refusal for _, refusal in prepared],
+            order,
+        )
+        verdicts: list[Stored | TransientFailure | None] = [None] * len(reqs)
+        for row in rows:
+            verdicts[row["n"]] = _verdict(row)
+        if any(v is None for v in verdicts):
+            raise TransientFailure(f"{self.name}: a batch of {len(reqs)} came back incomplete")
+        return [v for v in verdicts if v is not None]
 
     def prepare(self, req: ActionRequest) -> tuple[dict[str, JsonValue], str | None]:
         """The values the call writes, or why it refuses (stored as its outcome unless a fault
@@ -83,3 +107,11 @@ class SimulatedSystem:
             return handler(req), None
         except PermanentFailure as exc:
             return {}, str(exc)
+
+
+def _verdict(row: asyncpg.Record) -> Stored | TransientFailure:
+    if row["call_transient"]:
+        return TransientFailure(row["call_error"])
+    if row["call_outcome"] == "done":
+        return Stored.done(from_json(row["call_result"]) or {})
+    return Stored.failed(row["call_error"] or "failed")

@@ -19,7 +19,15 @@ from aio_pika.abc import (
 
 from shared.codec import message_to_amqp
 from shared.config import Settings
-from shared.delivery import Acks, FailureHook, Handler, Outcome, deliver
+from shared.delivery import (
+    Acks,
+    BatchHandler,
+    FailureHook,
+    Handler,
+    InHand,
+    deliver,
+    deliver_batch,
+)
 from shared.identity import amqp_url_for, user_of_url
 from shared.messages import Envelope, Outbound
 from shared.topology import Topology
@@ -182,9 +190,15 @@ class Bus:
         prefetch: int,
         mode: Literal["sequential", "concurrent"],
         on_failure: FailureHook | None = None,
+        batch: BatchHandler | None = None,
+        max_batch: int = 32,
     ) -> None:
         """Consume until cancelled. ``sequential`` handles one delivery at a time in queue order
         (aio-pika would otherwise run one task per delivery and lose the order).
+
+        ``batch`` (concurrent mode only): the deliveries that arrive while a batch runs go
+        together into the next one (up to ``max_batch``), which ``batch`` handles in one go;
+        what it hands back ``Alone`` runs on its own through ``handler``.
 
         A watchdog notices when the broker cancels the consumer (its queue was deleted, a node
         failed over) and subscribes again, re-declaring the topology first: a consumer that the
@@ -192,7 +206,9 @@ class Bus:
         backoff = 0.2
         while True:
             try:
-                await self._consume_until_lost(queue_name, handler, prefetch, mode, on_failure)
+                await self._consume_until_lost(
+                    queue_name, handler, prefetch, mode, on_failure, batch, max_batch
+                )
             except Exception as exc:  # a lost connection or channel surfaces in many types
                 log.warning("consumer of %s lost (%r); subscribing again", queue_name, exc)
             await asyncio.sleep(backoff)
@@ -207,24 +223,34 @@ class Bus:
         prefetch: int,
         mode: Literal["sequential", "concurrent"],
         on_failure: FailureHook | None,
+        batch: BatchHandler | None = None,
+        max_batch: int = 32,
     ) -> None:
         channel = await self.connection.channel()
         await channel.set_qos(prefetch_count=prefetch)
         inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
-        in_hand: set[asyncio.Future[Outcome]] = set()
+        in_hand: set[asyncio.Future[object]] = set()
         acks = Acks(lambda: not inbox.empty()) if mode == "sequential" else None
+        unsettled = InHand()
 
-        def start(message: AbstractIncomingMessage) -> asyncio.Future[Outcome]:
+        def keep(future: asyncio.Future[object]) -> asyncio.Future[object]:
             # A delivery in hand runs to its ack even when the consumer is stopped: a graceful
             # stop finishes it instead of abandoning it half done.
-            settle_with = None if acks is None else acks.settle
-            future = asyncio.ensure_future(deliver(message, handler, on_failure, settle_with))
             in_hand.add(future)
             future.add_done_callback(in_hand.discard)
             return future
 
+        def start(
+            message: AbstractIncomingMessage, alone: Handler | None = None
+        ) -> asyncio.Future[object]:
+            settle_with = unsettled.settle if acks is None else acks.settle
+            work = deliver(message, alone or handler, on_failure, settle_with)
+            return keep(asyncio.ensure_future(work))
+
         async def on_message(message: AbstractIncomingMessage) -> None:
-            if mode == "sequential":
+            if acks is None:
+                unsettled.add(message)
+            if mode == "sequential" or batch is not None:
                 inbox.put_nowait(message)  # before any await: arrival order is kept
             else:
                 await asyncio.shield(start(message))
@@ -233,7 +259,19 @@ class Bus:
             while True:
                 await asyncio.shield(start(await inbox.get()))
 
-        worker = asyncio.create_task(work()) if mode == "sequential" else None
+        async def batches(handle: BatchHandler) -> None:
+            while True:
+                taken = [await inbox.get()]
+                while not inbox.empty() and len(taken) < max_batch:
+                    taken.append(inbox.get_nowait())
+                done = deliver_batch(taken, handle, unsettled, start, on_failure)
+                await asyncio.shield(keep(asyncio.ensure_future(done)))
+
+        worker = None
+        if batch is not None:
+            worker = asyncio.create_task(batches(batch))
+        elif mode == "sequential":
+            worker = asyncio.create_task(work())
         tag: str | None = None
         queue = await channel.get_queue(queue_name, ensure=False)
         try:
@@ -255,7 +293,7 @@ class Bus:
         queue: AbstractQueue,
         tag: str | None,
         worker: asyncio.Task[None] | None,
-        in_hand: set[asyncio.Future[Outcome]],
+        in_hand: set[asyncio.Future[object]],
         acks: Acks | None,
     ) -> None:
         """Stop taking deliveries, let the ones in hand finish (bounded), send the acks held

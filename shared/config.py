@@ -36,6 +36,9 @@ class Settings:
     max_message_bytes: int = 256 * 1024
     publish_timeout_s: float = 10.0
     adapter_prefetch: int = 32
+    # The most action requests an adapter handles together (one statement, one confirm round,
+    # one ack); 1 handles each alone.
+    adapter_batch: int = 32
     partition_prefetch: int = 64
     relay_batch: int = 200
     relay_poll_s: float = 0.5
@@ -97,7 +100,7 @@ class Settings:
             raise ConfigError(f"SAGA_DELIVERY_LIMIT {self.delivery_limit}: must be 1..1000")
         if self.max_message_bytes < 1024:
             raise ConfigError("SAGA_MAX_MESSAGE_BYTES: must be at least 1024")
-        for name in ("adapter_prefetch", "partition_prefetch", "relay_batch"):
+        for name in ("adapter_prefetch", "adapter_batch", "partition_prefetch", "relay_batch"):
             if not 1 <= getattr(self, name) <= 10_000:
                 raise ConfigError(f"SAGA_{name.upper()}={getattr(self, name)}: must be 1..10000")
         for name in (

@@ -8,7 +8,8 @@ only ``reject`` raises the delivery count that sends a poison message to the dea
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 from aio_pika.abc import AbstractIncomingMessage
@@ -82,6 +83,35 @@ class Acks:
             await held.ack(multiple=count > 1)
 
 
+def _judge(message: AbstractIncomingMessage, exc: Exception) -> Outcome:
+    outcome = decide(exc)
+    level = logging.WARNING if outcome is Outcome.RETRY else logging.ERROR
+    log.log(
+        level,
+        "message %s (%s) on %s: %s -> %s",
+        message.message_id,
+        message.type,
+        message.routing_key,
+        exc,
+        outcome.value,
+        exc_info=not isinstance(exc, InvalidMessage | RetryLater),
+    )
+    return outcome
+
+
+async def _told(
+    on_failure: FailureHook | None,
+    message: AbstractIncomingMessage,
+    exc: BaseException,
+    outcome: Outcome,
+) -> None:
+    if on_failure is not None:
+        try:
+            await on_failure(message, exc, outcome)
+        except Exception:
+            log.warning("could not record the failure of %s", message.message_id, exc_info=True)
+
+
 async def deliver(
     message: AbstractIncomingMessage,
     handler: Handler,
@@ -94,24 +124,82 @@ async def deliver(
     try:
         await handler(message)
     except Exception as exc:
-        outcome = decide(exc)
-        level = logging.WARNING if outcome is Outcome.RETRY else logging.ERROR
-        log.log(
-            level,
-            "message %s (%s) on %s: %s -> %s",
-            message.message_id,
-            message.type,
-            message.routing_key,
-            exc,
-            outcome.value,
-            exc_info=not isinstance(exc, InvalidMessage | RetryLater),
-        )
-        if on_failure is not None:
-            try:
-                await on_failure(message, exc, outcome)
-            except Exception:
-                log.warning("could not record the failure of %s", message.message_id, exc_info=True)
+        outcome = _judge(message, exc)
+        await _told(on_failure, message, exc, outcome)
     else:
         outcome = Outcome.ACK
     await (settle_with or settle)(message, outcome)
     return outcome
+
+
+@dataclass(frozen=True)
+class Alone:
+    """A batch handler's verdict for a delivery it could not finish with the others (a retry
+    with backoff, a batch that failed as a whole): ``handler`` finishes it on its own, as a
+    concurrent consumer would, so the slow one never holds up its batch."""
+
+    handler: Handler | None = None  # None: the consumer's own per-delivery handler
+
+
+# Per delivery, in order: None (done), the error it raised, or Alone.
+BatchHandler = Callable[[Sequence[AbstractIncomingMessage]], Awaitable[list["BatchVerdict"]]]
+BatchVerdict = BaseException | Alone | None
+
+
+class InHand:
+    """The deliveries of one consumer's channel not yet settled, so that one ack with
+    ``multiple=True`` is sent only when it covers nothing but the acks it stands for."""
+
+    def __init__(self) -> None:
+        self._tags: set[int] = set()
+
+    def add(self, message: AbstractIncomingMessage) -> None:
+        self._tags.add(message.delivery_tag or 0)
+
+    async def settle(self, message: AbstractIncomingMessage, outcome: Outcome) -> None:
+        self._tags.discard(message.delivery_tag or 0)
+        await settle(message, outcome)
+
+    async def ack_all(self, messages: Sequence[AbstractIncomingMessage]) -> None:
+        tags = {m.delivery_tag or 0 for m in messages}
+        top = max(messages, key=lambda m: m.delivery_tag or 0)
+        below = any(t < (top.delivery_tag or 0) for t in self._tags - tags)
+        self._tags -= tags
+        if below or len(messages) == 1:
+            for message in messages:
+                await message.ack()
+        else:
+            await top.ack(multiple=True)
+
+
+async def deliver_batch(
+    messages: Sequence[AbstractIncomingMessage],
+    handler: BatchHandler,
+    in_hand: InHand,
+    spawn: Callable[[AbstractIncomingMessage, Handler | None], object],
+    on_failure: FailureHook | None = None,
+) -> None:
+    """Run a batch handler and settle its deliveries: rejects one by one, every ack in one
+    frame where no other delivery in hand lies below it, each ``Alone`` handed to ``spawn``.
+    A batch handler that raises has failed each of its deliveries alike."""
+    try:
+        verdicts = await handler(messages)
+    except Exception as exc:
+        verdicts = [exc] * len(messages)
+    if len(verdicts) != len(messages):
+        bug = RuntimeError(f"a batch handler gave {len(verdicts)} verdicts for {len(messages)}")
+        verdicts = [bug] * len(messages)
+    acks: list[AbstractIncomingMessage] = []
+    for message, verdict in zip(messages, verdicts, strict=True):
+        if verdict is None:
+            acks.append(message)
+        elif isinstance(verdict, Alone):
+            spawn(message, verdict.handler)
+        elif isinstance(verdict, Exception):
+            outcome = _judge(message, verdict)
+            await _told(on_failure, message, verdict, outcome)
+            await in_hand.settle(message, outcome)
+        else:
+            raise verdict  # cancellation and the like are not a delivery's failure
+    if acks:
+        await in_hand.ack_all(acks)

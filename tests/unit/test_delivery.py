@@ -6,7 +6,16 @@ from typing import Any, cast
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from shared.delivery import Acks, Outcome, decide, deliver
+from shared.delivery import (
+    Acks,
+    Alone,
+    BatchVerdict,
+    InHand,
+    Outcome,
+    decide,
+    deliver,
+    deliver_batch,
+)
 from shared.errors import InvalidMessage, RetryLater
 
 
@@ -85,3 +94,74 @@ async def test_deliver_settles_through_the_coalescer_it_is_given() -> None:
     assert wire == []
     assert await deliver(messages[1], poison, settle_with=acks.settle) is Outcome.DEAD_LETTER
     assert wire == [("ack", 1, False), ("reject", 2, False)]
+
+
+# --- batches --------------------------------------------------------------------------------
+
+
+def held(messages: list[AbstractIncomingMessage]) -> InHand:
+    in_hand = InHand()
+    for m in messages:
+        in_hand.add(m)
+    return in_hand
+
+
+async def test_a_batch_is_acked_in_one_frame_and_its_failures_alone() -> None:
+    messages, wire = deliveries(4)
+    told: list[str] = []
+
+    async def batch(_: Any) -> list[BatchVerdict]:
+        return [None, RetryLater("later"), None, InvalidMessage("bad")]
+
+    async def hook(message: AbstractIncomingMessage, exc: BaseException, out: Outcome) -> None:
+        told.append(f"{message.message_id}:{out.value}")
+
+    await deliver_batch(messages, batch, held(messages), lambda *_: None, hook)
+    assert wire == [("requeue", 2, False), ("reject", 4, False), ("ack", 3, True)]
+    assert told == ["m2:retry", "m4:dead_letter"]
+
+
+async def test_no_multiple_ack_over_a_delivery_still_in_hand_below() -> None:
+    messages, wire = deliveries(3)
+    in_hand = held(messages)  # m1 is being retried alone
+
+    async def batch(_: Any) -> list[BatchVerdict]:
+        return [None, None]
+
+    await deliver_batch(messages[1:], batch, in_hand, lambda *_: None)
+    assert wire == [("ack", 2, False), ("ack", 3, False)]
+    await in_hand.settle(messages[0], Outcome.ACK)
+    assert wire[-1] == ("ack", 1, False)
+
+
+async def test_what_a_batch_cannot_finish_is_handed_on_alone() -> None:
+    messages, wire = deliveries(2)
+    spawned: list[tuple[str, object]] = []
+
+    async def own(_: Any) -> None:
+        return None
+
+    async def batch(_: Any) -> list[BatchVerdict]:
+        return [Alone(), Alone(own)]
+
+    await deliver_batch(
+        messages, batch, held(messages), lambda m, h: spawned.append((m.message_id, h))
+    )
+    assert spawned == [("m1", None), ("m2", own)]
+    assert wire == []  # settled by whoever finishes them
+
+
+async def test_a_batch_handler_that_breaks_fails_each_delivery_alike() -> None:
+    messages, wire = deliveries(2)
+
+    async def raises(_: Any) -> list[BatchVerdict]:
+        raise RuntimeError("bug")
+
+    async def short(_: Any) -> list[BatchVerdict]:
+        return [None]
+
+    await deliver_batch(messages, raises, held(messages), lambda *_: None)
+    assert wire == [("requeue", 1, False), ("requeue", 2, False)]
+    wire.clear()
+    await deliver_batch(messages, short, held(messages), lambda *_: None)
+    assert wire == [("requeue", 1, False), ("requeue", 2, False)]
