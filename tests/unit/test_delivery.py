@@ -136,7 +136,7 @@ async def test_no_multiple_ack_over_a_delivery_still_in_hand_below() -> None:
 
 async def test_what_a_batch_cannot_finish_is_handed_on_alone() -> None:
     messages, wire = deliveries(2)
-    spawned: list[tuple[str, object]] = []
+    spawned: list[tuple[str | None, object]] = []
 
     async def own(_: Any) -> None:
         return None
