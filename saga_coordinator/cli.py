@@ -24,6 +24,7 @@ from saga_coordinator.cli_decide import (
     resume,
 )
 from saga_coordinator.cli_dlq import dlq
+from saga_coordinator.cli_mcp import mcp
 from saga_coordinator.cli_ops import effects, faults
 from saga_coordinator.cli_setup import setup, tls
 from saga_coordinator.cli_support import (
@@ -402,6 +403,7 @@ main.add_command(faults)
 main.add_command(effects)
 main.add_command(setup)
 main.add_command(tls)
+main.add_command(mcp)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -89,10 +89,41 @@ def _command_route(key: str, partitions: int) -> str:
     )
 
 
+def _components(schemas: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every message's schema with its ``$defs`` moved up beside it, so that each reference
+    resolves from the document's root (``#/components/schemas/<name>``). A definition shared
+    by several messages must read the same in each; one that does not is an error here, not a
+    silently wrong document."""
+    hoisted: dict[str, dict[str, Any]] = {}
+    for name, schema in schemas.items():
+        for def_name, definition in schema.pop("$defs", {}).items():
+            if hoisted.setdefault(def_name, definition) != definition:
+                raise ValueError(f"{def_name} reads differently in {name} than before it")
+    collide = hoisted.keys() & schemas.keys()
+    if collide:
+        raise ValueError(f"definitions named like messages: {sorted(collide)}")
+    return _rebase({**schemas, **hoisted})
+
+
+def _rebase(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            k: v.replace("#/$defs/", "#/components/schemas/") if k == "$ref" else _rebase(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_rebase(v) for v in node]
+    return node
+
+
+def _parameter(description: str) -> dict[str, Any]:
+    return {"description": description, "schema": {"type": "string"}}
+
+
 def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
     t = Topology(namespace, partitions, delivery_limit=5)
     bindings = {"amqp": {"is": "routingKey", "exchange": {"type": "topic", "durable": True}}}
-    schemas = {name: _schema(name, model) for name, model in MESSAGES.items()}
+    schemas = _components({name: _schema(name, model) for name, model in MESSAGES.items()})
     return {
         "asyncapi": "2.6.0",
         "info": {
@@ -123,14 +154,17 @@ def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
                     }
                 },
             },
-            f"{t.events_exchange}/alert.#": {
+            f"{t.events_exchange}/alert.{{kind}}": {
                 "description": "Alerts that belong to no saga: forged messages, dead letters "
-                "that could not be stored, agents over their rate.",
+                "that could not be stored, agents over their rate (bind alert.#).",
+                "parameters": {"kind": _parameter("what is wrong, e.g. forged")},
                 "subscribe": {"message": _message("alert", "Something for an operator")},
                 "bindings": bindings,
             },
-            f"{t.events_exchange}/#": {
-                "description": "Lifecycle events; the routing key is the event type.",
+            f"{t.events_exchange}/{{eventType}}": {
+                "description": "Lifecycle events; the routing key is the event type (bind # "
+                "for all, saga.* for the sagas' own, step.* for the steps').",
+                "parameters": {"eventType": _parameter("the event's type, e.g. saga.completed")},
                 "subscribe": {"message": _message("saga.event", "A saga's lifecycle change")},
                 "bindings": bindings,
             },
@@ -141,8 +175,13 @@ def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
                 }
                 for service in SERVICES
             },
-            f"{t.partitions_exchange}/{{crc32(order_id) % partitions}}": {
+            f"{t.partitions_exchange}/{{partition}}": {
                 "description": "Adapters answer into the order's partition (direct exchange).",
+                "parameters": {
+                    "partition": _parameter(
+                        f"crc32(UTF-8 order_id) % {partitions} (zlib.crc32), in decimal"
+                    )
+                },
                 "publish": {
                     "message": {
                         "oneOf": [
