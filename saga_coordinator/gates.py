@@ -10,7 +10,7 @@ from datetime import datetime
 
 from saga_coordinator.authority import may_decide_gate
 from saga_coordinator.progress import advance, begin_compensation
-from saga_coordinator.register import Decision, SagaState, Step, gate_key
+from saga_coordinator.register import Decision, GateStatus, SagaState, Step, gate_key
 from saga_coordinator.transition import (
     Outgoing,
     Transition,
@@ -77,7 +77,7 @@ def _approve(
 def _refuse(
     state: SagaState,
     step: Step,
-    status: str,
+    status: GateStatus,
     decision: Decision,
     why: str,
     now: datetime,

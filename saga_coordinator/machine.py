@@ -43,6 +43,7 @@ from shared.messages import (
     ApproveSaga,
     DeadlineReached,
     PartitionMessage,
+    Phase,
     RejectSaga,
     ResolveSaga,
     ResumeSaga,
@@ -300,7 +301,7 @@ def on_deadline(state: SagaState, message: DeadlineReached, now: datetime) -> Tr
             update={"sends": sends + 1} if forward else {"compensation_sends": sends + 1}
         )
         state = state.with_step(step, updated_at=now)
-        phase = "forward" if forward else "compensation"
+        phase: Phase = "forward" if forward else "compensation"
         detail = f"no answer to send {sends} of {limit}: sent again"
         out: list[Outgoing] = [
             request(state, step, phase, now),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from saga_coordinator.register import SagaState, Step
+from saga_coordinator.register import SagaState, SagaStatus, Step
 from saga_coordinator.transition import Outgoing, event, request
 from shared.catalog import ActionClass
 from shared.messages import EventType
@@ -90,7 +90,7 @@ def advance(state: SagaState, now: datetime, out: list[Outgoing]) -> SagaState:
 
 
 def finish(
-    state: SagaState, status: str, kind: EventType, now: datetime, out: list[Outgoing]
+    state: SagaState, status: SagaStatus, kind: EventType, now: datetime, out: list[Outgoing]
 ) -> SagaState:
     state = state.model_copy(update={"status": status, "finished_at": now, "updated_at": now})
     out.append(event(state, kind, now, register=True))

@@ -14,6 +14,7 @@ from shared.messages import (
     ApproveSaga,
     CommandReply,
     EventType,
+    Phase,
     RejectSaga,
     ResolveSaga,
     ResumeSaga,
@@ -42,7 +43,7 @@ class Transition:
     rule: str = "saga_state"
 
 
-def request(state: SagaState, step: Step, phase: str, now: datetime) -> ActionRequest:
+def request(state: SagaState, step: Step, phase: Phase, now: datetime) -> ActionRequest:
     if phase == "forward":
         action, key, timeout = step.action, forward_key(state.saga_id, step.action), step.timeout_s
         params: dict[str, Any] = dict(step.params)

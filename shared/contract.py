@@ -102,7 +102,8 @@ def _components(schemas: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]
     collide = hoisted.keys() & schemas.keys()
     if collide:
         raise ValueError(f"definitions named like messages: {sorted(collide)}")
-    return _rebase({**schemas, **hoisted})
+    rebased: dict[str, dict[str, Any]] = _rebase({**schemas, **hoisted})
+    return rebased
 
 
 def _rebase(node: Any) -> Any:
