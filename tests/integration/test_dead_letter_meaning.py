@@ -22,7 +22,7 @@ from shared.bus import Bus
 from shared.client import SagaClient
 from shared.codec import peek
 from shared.config import Settings
-from shared.messages import AnyCommand, PartitionMessage
+from shared.messages import ActionRequest, AnyCommand, PartitionMessage
 from shared.trust import forwarded_id
 from tests.integration.helpers import (
     REFUND,
@@ -60,7 +60,7 @@ class Breaker:
 @pytest.fixture
 def breaker(monkeypatch: pytest.MonkeyPatch) -> Breaker:
     found = Breaker()
-    forward, handle, adapt = Intake._forward, Processor._handle, Adapter.handle
+    forward, handle, adapt = Intake._forward, Processor._handle, Adapter._request
 
     async def broken_forward(self: Intake, command: AnyCommand) -> None:
         assert command.sender is not None
@@ -73,13 +73,14 @@ def breaker(monkeypatch: pytest.MonkeyPatch) -> Breaker:
         found.check("coordinator", message)
         return await handle(self, tx, message, *a)
 
-    async def broken_adapt(self: Adapter, delivery: AbstractIncomingMessage) -> None:
+    def broken_adapt(self: Adapter, delivery: AbstractIncomingMessage) -> ActionRequest:
+        # Every request goes through here, alone or in a batch.
         found.check("adapter", peek(delivery.body) | {"body": delivery.body})
-        await adapt(self, delivery)
+        return adapt(self, delivery)
 
     monkeypatch.setattr(Intake, "_forward", broken_forward)
     monkeypatch.setattr(Processor, "_handle", broken_handle)
-    monkeypatch.setattr(Adapter, "handle", broken_adapt)
+    monkeypatch.setattr(Adapter, "_request", broken_adapt)
     return found
 
 
