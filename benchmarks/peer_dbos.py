@@ -31,8 +31,9 @@ from services.faults import add_fault
 from services.registry import system_for
 from services.store import system_of
 from shared import loop
-from shared.catalog import ActionClass, load_catalog
+from shared.catalog import ActionClass
 from shared.config import Settings
+from shared.gateway import load_catalog
 from shared.messages import ActionRequest, Phase
 from shared.migrations import drop_database, migrate
 from shared.sql import create_pool

@@ -35,8 +35,9 @@ from saga_coordinator.register import TERMINAL, SagaState
 from services.outcome import build_outcome
 from services.simulated import Stored
 from services.store import system_of
-from shared.catalog import Catalog, load_catalog
+from shared.catalog import Catalog
 from shared.config import Settings
+from shared.gateway import load_catalog
 from shared.messages import ActionDone, ActionFailed, ActionRequest, StartSaga
 from shared.migrations import drop_database, migrate
 from shared.sql import Queries

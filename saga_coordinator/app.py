@@ -20,8 +20,9 @@ from saga_coordinator.store import Store
 from saga_coordinator.timer import DeadlineTimer
 from services.adapter import Adapter
 from shared.bus import Bus
-from shared.catalog import Catalog, load_catalog
+from shared.catalog import Catalog
 from shared.config import Settings
+from shared.gateway import load_catalog
 from shared.identity import Component, Directory, check_connects_as, database_url_for
 from shared.sql import create_pool
 from shared.topology import SERVICES

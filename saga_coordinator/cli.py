@@ -42,10 +42,10 @@ from saga_coordinator.report import render_register, table
 from saga_coordinator.store import Store
 from shared import logs
 from shared.bus import Bus
-from shared.catalog import load_catalog
 from shared.client import SagaClient
 from shared.config import Settings
 from shared.errors import SagaError
+from shared.gateway import load_catalog
 from shared.identity import Directory, database_url_for
 from shared.messages import Plan, PlanStep
 from shared.migrations import migrate as run_migrations

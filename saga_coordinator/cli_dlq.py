@@ -21,9 +21,9 @@ from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.processor import Processor
 from saga_coordinator.report import table
 from saga_coordinator.store import Store
-from shared.catalog import load_catalog
 from shared.client import SagaClient
 from shared.config import Settings
+from shared.gateway import load_catalog
 from shared.messages import DeskReply
 from shared.text import clean
 from shared.topology import Topology

@@ -6,7 +6,7 @@ import click
 
 from saga_coordinator.cli_support import settings_of
 from saga_coordinator.mcp_tools import agent_bus, build_server
-from shared.catalog import load_catalog
+from shared.gateway import load_catalog
 
 
 def _bind(text: str) -> tuple[str, int]:

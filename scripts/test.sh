@@ -10,4 +10,5 @@ fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+.venv/bin/lint-imports --no-cache
 .venv/bin/pytest "$@"

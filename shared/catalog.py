@@ -6,14 +6,11 @@ starts a process: the error names the saga, the step and the rule.
 
 from __future__ import annotations
 
-import tomllib
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from shared.errors import CatalogError
 from shared.messages import Gate, ParamName
 
 ParamType = Literal["str", "int", "float", "bool"]
@@ -126,24 +123,3 @@ class Catalog(_Strict):
     def retry_policy(self, action: str) -> RetryPolicy:
         spec = self.actions.get(action) or self.compensations.get(action)
         return spec.retry if spec is not None else RetryPolicy()
-
-
-def load_catalog(path: Path) -> Catalog:
-    """Read, validate and check a catalog file; raise ``CatalogError`` naming what is wrong."""
-    from shared.gateway import check_catalog  # the gateway depends on the models above
-
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CatalogError(f"{path}: cannot read the catalog: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise CatalogError(f"{path}: not valid TOML: {exc}") from None
-    try:
-        catalog = Catalog.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise CatalogError(f"{path}: {problems}") from None
-    check_catalog(catalog, source=str(path))
-    return catalog

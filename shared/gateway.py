@@ -7,8 +7,10 @@ refusal names the rule (a stable identifier), the step and what is wrong.
 from __future__ import annotations
 
 import functools
+import tomllib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
@@ -255,3 +257,22 @@ def admit(catalog: Catalog, command: StartSaga) -> AdmittedPlan:
         ),
         compensation_priority=tuple(priority),
     )
+
+
+def load_catalog(path: Path) -> Catalog:
+    """Read, validate and check a catalog file; raise ``CatalogError`` naming what is wrong."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot read the catalog: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        catalog = Catalog.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise CatalogError(f"{path}: {problems}") from None
+    check_catalog(catalog, source=str(path))
+    return catalog

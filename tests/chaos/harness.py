@@ -33,8 +33,8 @@ from typing import Any
 import asyncpg
 
 from shared.bus import Bus
-from shared.catalog import load_catalog
 from shared.config import Settings
+from shared.gateway import load_catalog
 from shared.migrations import migrate
 from tests.chaos.checks import Observed, Verdict, observe, verify
 from tests.chaos.instances import DisposablePostgres, DisposableRabbit

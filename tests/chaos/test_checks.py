@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.catalog import load_catalog
 from shared.config import Settings
+from shared.gateway import load_catalog
 from tests.chaos.checks import (
     RESULT_ID,
     UNDONE,

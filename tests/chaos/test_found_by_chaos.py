@@ -36,11 +36,11 @@ from saga_coordinator.coordinator import Coordinator
 from saga_coordinator.intake import Intake
 from saga_coordinator.store import Store
 from shared.bus import Bus
-from shared.catalog import load_catalog
 from shared.codec import identify_incoming
 from shared.config import Settings
 from shared.delivery import Outcome, deliver
 from shared.failures import Q
+from shared.gateway import load_catalog
 from shared.messages import StartSaga
 from shared.migrations import migrate
 from shared.trust import forwarded_id

@@ -17,10 +17,11 @@ from services.effects import effects_for_order
 from services.faults import add_fault
 from services.store import Q
 from shared.bus import Bus
-from shared.catalog import Catalog, load_catalog
+from shared.catalog import Catalog
 from shared.codec import PARTITION
 from shared.config import Settings
 from shared.errors import RetryLater
+from shared.gateway import load_catalog
 from shared.messages import ActionDone, ActionFailed, ActionRequest, PartitionMessage
 from shared.topology import partition_of
 

@@ -18,11 +18,12 @@ from services.registry import system_for
 from services.simulated import Stored
 from services.store import Q
 from shared.bus import Bus
-from shared.catalog import Catalog, load_catalog
+from shared.catalog import Catalog
 from shared.codec import PARTITION
 from shared.config import Settings
 from shared.delivery import Alone, InHand, deliver_batch
 from shared.errors import InvalidMessage
+from shared.gateway import load_catalog
 from shared.messages import ActionDone, ActionFailed, ActionRequest, PartitionMessage
 from tests.integration.test_adapter import RESERVE, reserve_request
 

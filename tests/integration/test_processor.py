@@ -10,8 +10,8 @@ import pytest
 
 from saga_coordinator.processor import Processor
 from saga_coordinator.store import Store, Tx
-from shared.catalog import load_catalog
 from shared.config import Settings
+from shared.gateway import load_catalog
 from shared.messages import ActionFailed, PartitionMessage, StartSaga
 from shared.topology import Topology
 from tests.integration.helpers import REFUND, forget_outbox

@@ -13,7 +13,8 @@ from pydantic import JsonValue
 from saga_coordinator.machine import decide
 from saga_coordinator.register import SagaState, Step
 from saga_coordinator.transition import Reply, Transition
-from shared.catalog import Catalog, load_catalog
+from shared.catalog import Catalog
+from shared.gateway import load_catalog
 from shared.messages import (
     AbortSaga,
     ActionDone,

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from pydantic import JsonValue
 
-from shared.catalog import ActionClass, Catalog, load_catalog
+from shared.catalog import ActionClass, Catalog
 from shared.errors import CatalogError, PlanRejected
-from shared.gateway import admit, check_catalog, check_plan, validate_params
+from shared.gateway import admit, check_catalog, check_plan, load_catalog, validate_params
 from tests.unit.factories import (
     CATALOG_FILE,
     REFUND_PARAMS,
