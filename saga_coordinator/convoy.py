@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Literal
 
+from saga_coordinator.register import HOLDS_ORDER, TERMINAL
 from shared.messages import PartitionMessage
 
 # A parked placeholder for a discarded command that will never arrive: the drain skips its number.
@@ -87,3 +89,17 @@ def with_active(order: OrderView, saga_id: str | None) -> OrderView:
 
 def skip_seq(order: OrderView) -> OrderView:
     return replace(order, next_seq=order.next_seq + 1)
+
+
+# Rule 6 (one active saga per order): what a saga's new status does to its order. "take": it
+# becomes the order's active saga; "pass": it ended, so the oldest waiting saga (if any) starts
+# and takes the order; "keep": nothing changes (needs_human keeps the order held).
+HandOver = Literal["take", "pass", "keep"]
+
+
+def hand_over(order: OrderView, saga_id: str, status: str) -> HandOver:
+    if status in HOLDS_ORDER and order.active_saga_id is None:
+        return "take"
+    if saga_id == order.active_saga_id and status in TERMINAL:
+        return "pass"
+    return "keep"

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from pydantic import TypeAdapter
 
-from saga_coordinator import convoy
+from saga_coordinator import convoy, deadline
 from saga_coordinator.convoy import OrderView, Verdict
 from saga_coordinator.machine import begin, decide
-from saga_coordinator.register import HOLDS_ORDER, TERMINAL, SagaState, gate_key
+from saga_coordinator.register import SagaState
 from saga_coordinator.store import Claim, OutboxRow, Tx
 from saga_coordinator.transition import Reply, Transition
 from shared.catalog import Catalog
@@ -206,23 +206,13 @@ class Processor:
             tx.refusal(message, transition.rule, transition.refused, user)
 
     def _deadline(self, tx: Tx, state: SagaState, transition: Transition, now: datetime) -> None:
-        """Each request sent arms the saga's deadline; nothing in flight disarms it."""
-        requests = [m for m in transition.out if isinstance(m, ActionRequest)]
-        gated = next((s for s in state.steps if s.gate_status == "waiting"), None)
-        if requests:
-            req = requests[-1]
-            step = state.steps[req.step]
-            forward = req.phase == "forward"
-            wait = step.answer_within_s if forward else step.compensation_answer_within_s
-            due = now + timedelta(seconds=wait)
-            tx.arm_deadline(state, req.step, req.phase, req.idempotency_key, req.attempt, due)
-        elif state.status == "awaiting_approval" and gated is not None and gated.gate is not None:
-            due = now + timedelta(seconds=gated.gate.timeout_s)
-            key = gate_key(state.saga_id, gated)
-            tx.arm_deadline(state, gated.index, "gate", key, 1, due)
-        elif not any(
-            s.status == "running" or s.compensation_status == "running" for s in state.steps
-        ):
+        change = deadline.after(state, transition, now)
+        if isinstance(change, deadline.Arm):
+            tx.arm_deadline(
+                state, change.step, change.phase, change.idempotency_key, change.attempt,
+                change.due_at,
+            )  # fmt: skip
+        elif isinstance(change, deadline.Disarm):
             tx.disarm_deadline(state.saga_id)
 
     async def _hand_over(
@@ -233,9 +223,10 @@ class Processor:
         state = transition.state
         if state is None:
             return order
-        if state.status in HOLDS_ORDER and order.active_saga_id is None:
+        decision = convoy.hand_over(order, state.saga_id, state.status)
+        if decision == "take":
             return convoy.with_active(order, state.saga_id)
-        if state.saga_id != order.active_saga_id or state.status not in TERMINAL:
+        if decision == "keep":
             return order
         # Most orders have no saga queued: skip the query (and the flush it would force).
         waiting = await tx.next_waiting(order.order_id) if order.has_waiting else None

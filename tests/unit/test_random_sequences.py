@@ -10,6 +10,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
+from saga_coordinator import convoy, deadline
+from saga_coordinator.convoy import OrderView
 from saga_coordinator.register import gate_key
 from saga_coordinator.transition import Transition
 from shared.catalog import ActionClass
@@ -27,6 +29,7 @@ from shared.messages import (
 )
 from tests.unit.factories import (
     AGENT,
+    T0,
     Driver,
     compensable,
     done_for,
@@ -87,6 +90,8 @@ class Model:
     priority: list[str]
     gates: dict[str, Gate] = field(default_factory=dict)
     approved: set[int] = field(default_factory=set)  # gates opened, by a person or a timeout
+    armed: deadline.Arm | None = None  # the saga's deadline as the processor would store it
+    active: str | None = None  # the order's active saga as the processor would keep it
     landed: list[int] = field(default_factory=list)
     undone: set[int] = field(default_factory=set)
     failed_or_aborted: bool = False
@@ -103,7 +108,39 @@ class Model:
         return next((i for i in self.undo_order() if i not in self.undone), None)
 
 
+def check_deadline_and_order(d: Driver, t: Transition, m: Model) -> None:
+    """Rules 1 and 6 as the pure decisions the processor stores: a request out always has a
+    deadline for that very send, a gate its time-out, nothing in flight none; a saga holds
+    its order from its start until it ends, and hands it on then."""
+    state = d.st
+    if t.changed:
+        change = deadline.after(state, t, T0)
+        if isinstance(change, deadline.Arm):
+            m.armed = change
+        elif isinstance(change, deadline.Disarm):
+            m.armed = None
+    flight = d.in_flight()
+    if state.status in ("running", "compensating"):
+        assert flight is not None and m.armed is not None, "nothing would ever wake it"
+        assert (m.armed.idempotency_key, m.armed.attempt) == (
+            flight.idempotency_key, flight.attempt,
+        )  # fmt: skip
+    elif state.status == "awaiting_approval":
+        assert m.armed is not None and m.armed.phase == "gate"
+    else:
+        assert m.armed is None, f"a deadline left armed at {state.status}"
+    order = OrderView("order-1", m.active, 1, 0, (), False, False)
+    decision = convoy.hand_over(order, state.saga_id, state.status)
+    if decision == "take":
+        m.active = state.saga_id
+    elif decision == "pass":
+        m.active = None
+    held = state.status in ("running", "awaiting_approval", "compensating", "needs_human")
+    assert (m.active == state.saga_id) == held, (state.status, m.active)
+
+
 def check_invariants(d: Driver, t: Transition, m: Model) -> None:
+    check_deadline_and_order(d, t, m)
     state = d.st
     busy = [
         s.index for s in state.steps if s.status == "running" or s.compensation_status == "running"
