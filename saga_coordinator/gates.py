@@ -65,7 +65,7 @@ def gate_timed_out(state: SagaState, message: DeadlineReached, now: datetime) ->
 def _approve(
     state: SagaState, step: Step, decision: Decision, now: datetime, out: list[Outgoing]
 ) -> Transition:
-    step = step.model_copy(update={"gate_status": "approved"})
+    step = step.evolve(gate_status="approved")
     state = state.with_step(
         step, status="running", decisions=(*state.decisions, decision), updated_at=now
     )
@@ -83,7 +83,7 @@ def _refuse(
     now: datetime,
     out: list[Outgoing],
 ) -> Transition:
-    step = step.model_copy(update={"gate_status": status})
+    step = step.evolve(gate_status=status)
     state = state.with_step(step, status="running", decisions=(*state.decisions, decision))
     state = begin_compensation(state, why, now, out)
     state = advance(state, now, out)

@@ -20,6 +20,7 @@ from saga_coordinator.progress import (
 from saga_coordinator.register import (
     SagaState,
     Step,
+    StepChanges,
     compensation_key,
     forward_key,
 )
@@ -142,7 +143,7 @@ def start(
 
 def begin(state: SagaState, now: datetime) -> Transition:
     """A waiting saga takes the order: its first step goes out."""
-    state = state.model_copy(update={"status": "running", "waiting_for": None, "updated_at": now})
+    state = state.evolve(status="running", waiting_for=None, updated_at=now)
     out: list[Outgoing] = [event(state, "saga.started", now)]
     state = advance(state, now, out)
     return Transition(state, tuple(out), note="started")
@@ -150,17 +151,15 @@ def begin(state: SagaState, now: datetime) -> Transition:
 
 def abort(state: SagaState, command: AbortSaga, now: datetime) -> Transition:
     if state.status == "awaiting_approval":
-        state = state.model_copy(update={"status": "running"})  # stopping at a gate = aborting
+        state = state.evolve(status="running")  # stopping at a gate = aborting
     if state.status == "waiting":
         decision = decided("abort", command.reason, command, now)
-        steps = tuple(s.model_copy(update={"status": "skipped"}) for s in state.steps)
-        state = state.model_copy(
-            update={
-                "steps": steps,
-                "reason": f"aborted before it started: {command.reason}",
-                "decisions": (*state.decisions, decision),
-                "waiting_for": None,
-            }
+        steps = tuple(s.evolve(status="skipped") for s in state.steps)
+        state = state.evolve(
+            steps=steps,
+            reason=f"aborted before it started: {command.reason}",
+            decisions=(*state.decisions, decision),
+            waiting_for=None,
         )
         out: list[Outgoing] = list(reply(command, now))
         state = finish(state, "compensated", "saga.compensated", now, out)
@@ -170,7 +169,7 @@ def abort(state: SagaState, command: AbortSaga, now: datetime) -> Transition:
         return refuse(state, command, now, reason)
     decision = decided("abort", command.reason, command, now)
     out = list(reply(command, now))
-    state = state.model_copy(update={"decisions": (*state.decisions, decision)})
+    state = state.evolve(decisions=(*state.decisions, decision))
     state = begin_compensation(state, f"aborted: {command.reason}", now, out)
     state = advance(state, now, out)
     return Transition(state, tuple(out), note="aborted")
@@ -181,25 +180,18 @@ def resume(state: SagaState, command: ResumeSaga, now: datetime) -> Transition:
         reason = f"saga {state.saga_id} is {state.status}; only needs_human can be resumed"
         return refuse(state, command, now, reason)
     steps = tuple(
-        s.model_copy(
-            update={
-                "compensation_status": "pending",
-                "compensation_round": s.compensation_round + 1,
-            }
-        )
+        s.evolve(compensation_status="pending", compensation_round=s.compensation_round + 1)
         if s.compensation_status == "failed"
         else s
         for s in state.steps
     )
     decision = decided("resume", command.note, command, now)
-    state = state.model_copy(
-        update={
-            "steps": steps,
-            "status": "compensating",
-            "needs_human_reason": None,
-            "decisions": (*state.decisions, decision),
-            "updated_at": now,
-        }
+    state = state.evolve(
+        steps=steps,
+        status="compensating",
+        needs_human_reason=None,
+        decisions=(*state.decisions, decision),
+        updated_at=now,
     )
     out: list[Outgoing] = [*reply(command, now), event(state, "saga.resumed", now)]
     state = advance(state, now, out)
@@ -211,7 +203,7 @@ def resolve(state: SagaState, command: ResolveSaga, now: datetime) -> Transition
         reason = f"saga {state.saga_id} is {state.status}; only needs_human can be resolved"
         return refuse(state, command, now, reason)
     decision = decided("resolve", command.note, command, now)
-    state = state.model_copy(update={"decisions": (*state.decisions, decision)})
+    state = state.evolve(decisions=(*state.decisions, decision))
     out: list[Outgoing] = list(reply(command, now))
     state = finish(state, "resolved", "saga.resolved", now, out)
     return Transition(state, tuple(out), note="resolved by a person")
@@ -229,19 +221,14 @@ def on_forward_outcome(
     ):
         return ignored(state, f"stale {message.type} for step {message.step}")
     out: list[Outgoing] = []
-    common = {"attempts": step.attempts + message.tries, "finished_at": now}
+    common: StepChanges = {"attempts": step.attempts + message.tries, "finished_at": now}
     if isinstance(message, ActionDone):
         # Only an action with a way back needs its identifiers: without them it cannot be undone.
         needed = step.result_fields if step.action_class.needs_compensation else ()
         missing = [f for f in needed if message.result.get(f) in (None, "")]
         if not missing:
-            step = step.model_copy(
-                update={
-                    **common,
-                    "status": "done",
-                    "result": message.result,
-                    "landed_seq": state.landed_count + 1,
-                }
+            step = step.evolve(**common).evolve(
+                status="done", result=message.result, landed_seq=state.landed_count + 1
             )
             state = land(state, step, now)
             out.append(event(state, "step.done", now, step))
@@ -249,18 +236,18 @@ def on_forward_outcome(
         # Without the identifier its compensation needs, a "done" cannot be undone by id:
         # count it as a failure that may have landed, so the compensation looks it up by key.
         reason = f"done without {', '.join(missing)}, which the compensation needs"
-        failure = {"result": message.result, "error": reason, "effect_unknown": True}
+        failure: StepChanges = {"result": message.result, "error": reason, "effect_unknown": True}
     else:
         reason = message.reason
         failure = {"error": reason, "effect_unknown": message.effect_unknown}
-    return _forward_failed(state, step.model_copy(update={**common, **failure}), reason, now)
+    return _forward_failed(state, step.evolve(**common).evolve(**failure), reason, now)
 
 
 def _forward_failed(state: SagaState, step: Step, reason: str, now: datetime) -> Transition:
     out: list[Outgoing] = []
-    step = step.model_copy(update={"status": "failed", "finished_at": now})
+    step = step.evolve(status="failed", finished_at=now)
     if step.effect_unknown:
-        step = step.model_copy(update={"landed_seq": state.landed_count + 1})
+        step = step.evolve(landed_seq=state.landed_count + 1)
     state = land(state, step, now)
     out.append(event(state, "step.failed", now, step, detail=reason))
     if state.status == "running":
@@ -297,8 +284,8 @@ def on_deadline(state: SagaState, message: DeadlineReached, now: datetime) -> Tr
         else (step.compensation_sends, step.compensation_max_sends)
     )
     if sends < limit:
-        step = step.model_copy(
-            update={"sends": sends + 1} if forward else {"compensation_sends": sends + 1}
+        step = (
+            step.evolve(sends=sends + 1) if forward else step.evolve(compensation_sends=sends + 1)
         )
         state = state.with_step(step, updated_at=now)
         phase: Phase = "forward" if forward else "compensation"
@@ -310,7 +297,7 @@ def on_deadline(state: SagaState, message: DeadlineReached, now: datetime) -> Tr
         return Transition(state, tuple(out), note=f"step {step.index} {phase} sent again")
     reason = f"no answer after {sends} send(s); the effect is unknown"
     if forward:
-        step = step.model_copy(update={"error": reason, "effect_unknown": True})
+        step = step.evolve(error=reason, effect_unknown=True)
         return _forward_failed(state, step, reason, now)
     return _compensation_failed(state, step, reason, step.compensation_attempts, now)
 
@@ -329,14 +316,12 @@ def on_compensation_outcome(
     out: list[Outgoing] = []
     attempts = step.compensation_attempts + message.tries
     if isinstance(message, ActionDone):
-        step = step.model_copy(
-            update={
-                "status": "compensated",
-                "compensation_status": "compensated",
-                "compensation_attempts": attempts,
-                "compensation_result": message.result,
-                "compensated_at": now,
-            }
+        step = step.evolve(
+            status="compensated",
+            compensation_status="compensated",
+            compensation_attempts=attempts,
+            compensation_result=message.result,
+            compensated_at=now,
         )
         state = state.with_step(step, updated_at=now)
         out.append(event(state, "step.compensated", now, step))
@@ -347,13 +332,11 @@ def on_compensation_outcome(
 def _compensation_failed(
     state: SagaState, step: Step, error: str, attempts: int, now: datetime
 ) -> Transition:
-    step = step.model_copy(
-        update={
-            "status": "compensation_failed",
-            "compensation_status": "failed",
-            "compensation_attempts": attempts,
-            "compensation_error": error,
-        }
+    step = step.evolve(
+        status="compensation_failed",
+        compensation_status="failed",
+        compensation_attempts=attempts,
+        compensation_error=error,
     )
     reason = (
         f"compensation {step.compensation} of step {step.index} ({step.action}) failed: {error}"

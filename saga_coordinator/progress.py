@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from saga_coordinator.register import SagaState, SagaStatus, Step
+from saga_coordinator.register import CompensationStatus, SagaState, SagaStatus, Step
 from saga_coordinator.transition import Outgoing, event, request
 from shared.catalog import ActionClass
 from shared.messages import EventType
@@ -22,7 +22,7 @@ def compensation_order(state: SagaState) -> list[Step]:
     return sorted((s for s in state.steps if s.compensation_status == "pending"), key=key)
 
 
-def compensation_needed(step: Step) -> str:
+def compensation_needed(step: Step) -> CompensationStatus:
     if not step.may_have_landed:
         return "none"
     if step.action_class is ActionClass.IRREVERSIBLE:
@@ -34,7 +34,7 @@ def compensation_needed(step: Step) -> str:
 
 def land(state: SagaState, step: Step, now: datetime) -> SagaState:
     if state.status == "compensating":  # an abort came while this step was in flight
-        step = step.model_copy(update={"compensation_status": compensation_needed(step)})
+        step = step.evolve(compensation_status=compensation_needed(step))
     landed = state.landed_count + (1 if step.landed_seq is not None else 0)
     return state.with_step(step, landed_count=landed, updated_at=now)
 
@@ -45,18 +45,11 @@ def begin_compensation(
     steps = []
     for step in state.steps:
         if step.status == "pending":
-            step = step.model_copy(update={"status": "skipped"})
+            step = step.evolve(status="skipped")
         elif step.status != "running":
-            step = step.model_copy(update={"compensation_status": compensation_needed(step)})
+            step = step.evolve(compensation_status=compensation_needed(step))
         steps.append(step)
-    state = state.model_copy(
-        update={
-            "steps": tuple(steps),
-            "status": "compensating",
-            "reason": reason,
-            "updated_at": now,
-        }
-    )
+    state = state.evolve(steps=tuple(steps), status="compensating", reason=reason, updated_at=now)
     out.append(event(state, "saga.compensating", now, detail=reason))
     return state
 
@@ -71,7 +64,7 @@ def advance(state: SagaState, now: datetime, out: list[Outgoing]) -> SagaState:
             return finish(state, "completed", "saga.completed", now, out)
         if step.gate is not None and step.gate_status != "approved":
             return stop_at_gate(state, step, now, out)
-        step = step.model_copy(update={"status": "running", "started_at": now, "sends": 1})
+        step = step.evolve(status="running", started_at=now, sends=1)
         state = state.with_step(step, updated_at=now)
         out.append(request(state, step, "forward", now))
         out.append(event(state, "step.started", now, step))
@@ -80,9 +73,7 @@ def advance(state: SagaState, now: datetime, out: list[Outgoing]) -> SagaState:
         todo = compensation_order(state)
         if not todo:
             return finish(state, "compensated", "saga.compensated", now, out)
-        step = todo[0].model_copy(
-            update={"compensation_status": "running", "compensation_sends": 1}
-        )
+        step = todo[0].evolve(compensation_status="running", compensation_sends=1)
         state = state.with_step(step, updated_at=now)
         out.append(request(state, step, "compensation", now))
         out.append(event(state, "step.compensating", now, step))
@@ -92,13 +83,13 @@ def advance(state: SagaState, now: datetime, out: list[Outgoing]) -> SagaState:
 def finish(
     state: SagaState, status: SagaStatus, kind: EventType, now: datetime, out: list[Outgoing]
 ) -> SagaState:
-    state = state.model_copy(update={"status": status, "finished_at": now, "updated_at": now})
+    state = state.evolve(status=status, finished_at=now, updated_at=now)
     out.append(event(state, kind, now, register=True))
     return state
 
 
 def stop_at_gate(state: SagaState, step: Step, now: datetime, out: list[Outgoing]) -> SagaState:
-    step = step.model_copy(update={"gate_status": "waiting"})
+    step = step.evolve(gate_status="waiting")
     state = state.with_step(step, status="awaiting_approval", updated_at=now)
     assert step.gate is not None
     detail = (

@@ -7,9 +7,10 @@ admitted plan is snapshotted into each step so that a catalog edit never alters 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from typing_extensions import Unpack
 
 from shared.catalog import ActionClass
 from shared.messages import Gate, Sender
@@ -41,6 +42,43 @@ HOLDS_ORDER: frozenset[str] = frozenset(
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StepChanges(TypedDict, total=False):
+    """What a decision may change in a step: ``Step.evolve`` takes only these, typed, so a
+    misspelt field or status is a type error, not a silently ignored key."""
+
+    gate_status: GateStatus
+    status: StepStatus
+    sends: int
+    attempts: int
+    result: dict[str, JsonValue] | None
+    error: str | None
+    effect_unknown: bool
+    started_at: datetime | None
+    finished_at: datetime | None
+    landed_seq: int | None
+    compensation_status: CompensationStatus
+    compensation_sends: int
+    compensation_attempts: int
+    compensation_round: int
+    compensation_result: dict[str, JsonValue] | None
+    compensation_error: str | None
+    compensated_at: datetime | None
+
+
+class SagaChanges(TypedDict, total=False):
+    """What a decision may change in a saga (``SagaState.evolve``, ``with_step``)."""
+
+    status: SagaStatus
+    steps: tuple[Step, ...]
+    reason: str | None
+    needs_human_reason: str | None
+    landed_count: int
+    updated_at: datetime
+    finished_at: datetime | None
+    decisions: tuple[Decision, ...]
+    waiting_for: str | None
 
 
 class Step(_Frozen):
@@ -86,6 +124,9 @@ class Step(_Frozen):
     compensation_error: str | None = None
     compensated_at: datetime | None = None
 
+    def evolve(self, **changes: Unpack[StepChanges]) -> Step:
+        return self.model_copy(update=dict(changes))
+
     @property
     def may_have_landed(self) -> bool:
         return self.status in ("done", "compensated", "compensation_failed") or (
@@ -124,10 +165,13 @@ class SagaState(_Frozen):
     def step(self, index: int) -> Step | None:
         return self.steps[index] if 0 <= index < len(self.steps) else None
 
-    def with_step(self, step: Step, **changes: Any) -> SagaState:
+    def evolve(self, **changes: Unpack[SagaChanges]) -> SagaState:
+        return self.model_copy(update=dict(changes))
+
+    def with_step(self, step: Step, **changes: Unpack[SagaChanges]) -> SagaState:
         steps = list(self.steps)
         steps[step.index] = step
-        return self.model_copy(update={"steps": tuple(steps), **changes})
+        return self.model_copy(update={**changes, "steps": tuple(steps)})
 
     def register(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
