@@ -12,6 +12,7 @@ from typing import Any
 import aiormq
 import asyncpg
 import click
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from saga_coordinator.app import COMPONENTS, Stack
 from saga_coordinator.cli_contract import schema, watch
@@ -116,21 +117,41 @@ async def _start_when_ready(
 ) -> Stack | None:
     """A process started while RabbitMQ or Postgres is down (or still recovering) waits for
     them instead of exiting; a restart loop of its supervisor is then never needed."""
-    backoff = 0.5
-    while not stop.is_set():
-        stack = Stack(settings, components)
-        try:
-            await _schema_ready(settings)
-            await stack.start()
-            return stack
-        except (OSError, ConnectionError, asyncpg.PostgresError, aiormq.exceptions.AMQPError,
-                asyncpg.InterfaceError) as exc:  # fmt: skip
-            click.echo(f"waiting for the broker and the database: {exc!r}", err=True)
-            await stack.stop()
+
+    async def until_stopped(seconds: float) -> None:  # a stop ends the wait at once
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), backoff)
-        backoff = min(backoff * 2, 5.0)
+            await asyncio.wait_for(stop.wait(), seconds)
+
+    waiting = AsyncRetrying(
+        retry=retry_if_exception_type(_NOT_READY),
+        wait=wait_exponential(multiplier=0.5, max=5.0),
+        sleep=until_stopped,
+        before_sleep=_say_waiting,
+    )
+    async for attempt in waiting:
+        with attempt:
+            if stop.is_set():
+                return None
+            stack = Stack(settings, components)
+            try:
+                await _schema_ready(settings)
+                await stack.start()
+            except _NOT_READY:
+                await stack.stop()
+                raise
+            return stack
     return None
+
+
+def _say_waiting(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    click.echo(f"waiting for the broker and the database: {exc!r}", err=True)
+
+
+_NOT_READY = (
+    OSError, ConnectionError, asyncpg.PostgresError, aiormq.exceptions.AMQPError,
+    asyncpg.InterfaceError,
+)  # fmt: skip
 
 
 class SchemaBehind(ConnectionError):

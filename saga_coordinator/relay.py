@@ -15,6 +15,7 @@ from typing import Any
 
 import aio_pika
 import asyncpg
+from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
 
 from saga_coordinator.dead_letters import UNROUTABLE_ERRORS, bury_unroutable
 from saga_coordinator.store import RELAY_LOCK, Conn, Q, Tx
@@ -128,22 +129,23 @@ class Relay:
         self._wake.set()  # catch up on anything committed while it was away
         await lost.wait()
 
+    async def _flush(self) -> int:
+        """``flush_once``, retried with backoff until it works (the broker or the database is
+        away); the backoff starts afresh after each success."""
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_exponential(multiplier=0.1, max=5.0),
+            before_sleep=before_sleep_log(log, logging.WARNING, exc_info=True),
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self.flush_once()
+        raise AssertionError("unreachable: the relay retries for ever")
+
     async def _loop(self) -> None:
-        backoff = 0.1
         while True:
             self._wake.clear()
-            try:
-                sent = await self.flush_once()
-                backoff = 0.1
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.warning(
-                    "outbox relay: publish failed, retrying in %.1fs", backoff, exc_info=True
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
+            sent = await self._flush()
             if not self._leading:  # another relay publishes: ask again later, not per commit
                 await asyncio.sleep(self.settings.relay_poll_s)
             elif sent < self.settings.relay_batch:

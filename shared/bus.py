@@ -16,6 +16,7 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from shared.codec import message_to_amqp
 from shared.config import Settings
@@ -203,18 +204,26 @@ class Bus:
         A watchdog notices when the broker cancels the consumer (its queue was deleted, a node
         failed over) and subscribes again, re-declaring the topology first: a consumer that the
         server dropped never silently stops the component."""
-        backoff = 0.2
-        while True:
-            try:
+
+        def lost(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome is not None else None
+            log.warning("consumer of %s lost (%r); subscribing again", queue_name, exc)
+
+        # A lost connection or channel surfaces in many types: every one means subscribe again.
+        resubscribing = AsyncRetrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_exponential(multiplier=0.2, max=5.0),
+            before_sleep=lost,
+        )
+        async for attempt in resubscribing:
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    with contextlib.suppress(Exception):  # the broker may still be away
+                        await self.declare()
                 await self._consume_until_lost(
                     queue_name, handler, prefetch, mode, on_failure, batch, max_batch
                 )
-            except Exception as exc:  # a lost connection or channel surfaces in many types
-                log.warning("consumer of %s lost (%r); subscribing again", queue_name, exc)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
-            with contextlib.suppress(Exception):  # the broker may still be away: next round
-                await self.declare()
+                raise ConsumerLost(f"the consumer of {queue_name} stopped")
 
     async def _consume_until_lost(
         self,
