@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import click
+from aiormq.exceptions import AMQPError
 
-from saga_coordinator.cli_support import settings_of
-from saga_coordinator.mcp_tools import agent_bus, build_server
+from saga_coordinator.cli_support import run_async, settings_of
+from saga_coordinator.mcp_tools import agent_bus, build_server, connected
+from shared.catalog import Catalog
+from shared.config import Settings
 from shared.gateway import load_catalog
+
+
+async def _reachable(settings: Settings, catalog: Catalog) -> None:
+    """Connect once before serving, so that a broker that is away or a system not yet set up
+    is a clear error here rather than a session that dies when a client attaches."""
+    try:
+        async with connected(settings, catalog):
+            return
+    except (OSError, AMQPError) as exc:
+        raise click.ClickException(
+            f"cannot reach the saga system on the broker ({exc}): is it running, with its "
+            "topology declared (`saga run`, `saga declare`), and SAGA_AMQP_URL and "
+            "SAGA_NAMESPACE pointing at it?"
+        ) from None
 
 
 def _bind(text: str) -> tuple[str, int]:
@@ -38,7 +55,9 @@ def mcp(ctx: click.Context, transport: str, bind: str) -> None:
         agent_bus(settings)  # refuses a person's or the operators' account before serving
     except PermissionError as exc:
         raise click.ClickException(str(exc)) from None
-    server = build_server(settings, load_catalog(settings.catalog_file))
+    catalog = load_catalog(settings.catalog_file)
+    run_async(_reachable(settings, catalog))
+    server = build_server(settings, catalog)
     if transport == "stdio":
         server.run("stdio")  # stdout carries the protocol: logs go to stderr
     else:

@@ -3,7 +3,9 @@ LLM agent sees and may do."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import socket
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -110,3 +112,49 @@ async def test_a_gated_checkout_stops_and_stays_stopped(
         assert again["status"] == "awaiting_approval"  # nobody approved: the agent cannot
         emails = list(again["report"]["never_happened"])
         assert any("email.send_confirmation" in str(s) for s in emails)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def test_streamable_http_serves_the_same_tools(stack: Stack, settings: Settings) -> None:
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "saga_coordinator.cli", "mcp", "--transport", "streamable-http",
+        "--bind", f"127.0.0.1:{port}", env=saga_env(settings),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/mcp"
+        for _ in range(200):  # until it listens
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            await asyncio.sleep(0.1)
+        async with Client(url, read_timeout_seconds=60) as agent:
+            tools = {t.name for t in (await agent.list_tools()).tools}
+            assert tools == TOOLS
+            sagas = await call(agent, "list_sagas")
+            assert "refund" in sagas["sagas"]
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def test_an_unreachable_system_is_a_clear_error_not_a_dead_session(
+    settings: Settings,
+) -> None:
+    env = {**saga_env(settings), "SAGA_NAMESPACE": "nosuchsystem"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "saga_coordinator.cli", "mcp", env=env,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 1
+    assert out == b""  # stdout is the protocol's: nothing else may go there
+    assert b"cannot reach the saga system" in err and b"Traceback" not in err
