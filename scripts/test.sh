@@ -5,6 +5,10 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # The AsyncAPI project's parser reads the published contract in a test (tests/contract).
 if [ ! -d tests/contract/node_modules/@asyncapi/parser ]; then
+    if ! command -v npm > /dev/null; then
+        echo "scripts/test.sh: the contract test needs Node.js and npm (apt-get install nodejs npm)" >&2
+        exit 1
+    fi
     npm ci --prefix tests/contract --no-audit --no-fund --loglevel error
 fi
 .venv/bin/ruff check .
