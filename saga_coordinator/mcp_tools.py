@@ -11,11 +11,10 @@ plan and try again.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 from pydantic_core import to_jsonable_python
@@ -25,13 +24,12 @@ from saga_coordinator.register import SagaState
 from shared.bus import Bus
 from shared.catalog import ActionClass, Catalog
 from shared.client import CommandRejected, SagaClient
+from shared.codec import check_shape
 from shared.config import Settings
-from shared.errors import PlanRejected
+from shared.errors import InvalidMessage, PlanRejected
 from shared.gateway import admit
 from shared.identity import Directory
 from shared.messages import Gate, Plan, PlanStep, StartSaga
-
-log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 300.0
 # What each class means for the one who runs it: the model reads this before it acts.
@@ -47,7 +45,6 @@ MEANING: dict[ActionClass, str] = {
     ),
 }
 STOPPED = ("completed", "compensated", "needs_human", "resolved", "awaiting_approval")
-STOP_EVENTS = {"saga.awaiting_approval": "awaiting_approval"}
 
 
 class StepIn(BaseModel):
@@ -87,9 +84,19 @@ def agent_bus(settings: Settings) -> Bus:
 class SagaTools:
     """The tools' behaviour, apart from the protocol (tested on its own and through MCP)."""
 
-    def __init__(self, catalog: Catalog, client: SagaClient) -> None:
+    def __init__(self, catalog: Catalog, client: SagaClient | None = None) -> None:
         self.catalog = catalog
-        self.client = client
+        self._client = client  # the MCP server connects it when its session starts
+
+    @property
+    def client(self) -> SagaClient:
+        if self._client is None:
+            raise RuntimeError("the tools are not connected to the broker yet")
+        return self._client
+
+    @client.setter
+    def client(self, client: SagaClient | None) -> None:
+        self._client = client
 
     def list_actions(self) -> dict[str, Any]:
         actions = {
@@ -138,8 +145,8 @@ class SagaTools:
             plan = admit(self.catalog, command)
         except PlanRejected as exc:
             return {"admitted": False, "rule": exc.rule, "step": exc.step, "reason": exc.detail}
-        except ValidationError as exc:
-            return {"admitted": False, "rule": "malformed", "step": None, "reason": _why(exc)}
+        except REFUSALS as exc:
+            return {**_refused("admitted", exc), "step": None}
         return {
             "admitted": True,
             "saga": plan.saga,
@@ -168,10 +175,8 @@ class SagaTools:
                 command.saga, order_id=order_id, params=command.params, plan=command.plan,
                 saga_id=command.saga_id,
             )  # fmt: skip
-        except ValidationError as exc:
-            return {"accepted": False, "rule": "malformed", "reason": _why(exc)}
-        except CommandRejected as exc:
-            return {"accepted": False, "reason": exc.reason}
+        except REFUSALS as exc:
+            return _refused("accepted", exc)
         reply = self.client.last_reply
         parked = reply is not None and reply.type == "command.parked"
         return {
@@ -184,8 +189,8 @@ class SagaTools:
     async def get_saga(self, saga_id: str, order_id: str) -> dict[str, Any]:
         try:
             register = await self.client.status(saga_id, order_id=order_id)
-        except CommandRejected as exc:
-            return {"found": False, "reason": exc.reply.reason}
+        except REFUSALS as exc:
+            return _refused("found", exc)
         state = SagaState.model_validate(register)
         return {
             "found": True,
@@ -211,10 +216,8 @@ class SagaTools:
     async def abort_saga(self, saga_id: str, order_id: str, reason: str) -> dict[str, Any]:
         try:
             await self.client.abort(saga_id, order_id=order_id, reason=reason)
-        except CommandRejected as exc:
-            return {"aborted": False, "reason": exc.reason}
-        except ValidationError as exc:
-            return {"aborted": False, "rule": "malformed", "reason": _why(exc)}
+        except REFUSALS as exc:
+            return _refused("aborted", exc)
         return {"aborted": True, "saga_id": saga_id}
 
 
@@ -231,20 +234,34 @@ def _start(
             steps=tuple(PlanStep(action=s.action, gate=Gate() if s.gate else None) for s in steps),
             compensation_priority=tuple(priority or ()),
         )
-    # The same model the coordinator validates: a bad order id or parameter is named here.
+    # The coordinator's own checks, here first: a bad order id, a parameter nested too deep
+    # or a number out of range is answered at once, not by a command the codec drops.
+    check_shape(params or {})
     return StartSaga(
         saga_id=str(uuid.uuid4()), order_id=order_id, saga=saga, plan=plan,
         params=dict(params or {}),
     )  # fmt: skip
 
 
+# What a tool answers as a refusal, never raises: the model reads the reason and corrects.
+REFUSALS = (ValidationError, InvalidMessage, CommandRejected, TimeoutError)
+
+
+def _refused(flag: str, exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, ValidationError):
+        return {flag: False, "rule": "malformed", "reason": _why(exc)}
+    if isinstance(exc, InvalidMessage):
+        return {flag: False, "rule": "malformed", "reason": exc.reason}
+    if isinstance(exc, TimeoutError):
+        reason = "the coordinator did not answer in time: is the system running?"
+        return {flag: False, "rule": "no_answer", "reason": reason}
+    return {flag: False, "reason": str(exc)}
+
+
 def _why(exc: ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(str(p) for p in e['loc']) or 'command'}: {e['msg']}" for e in exc.errors()
     )[:2000]
-
-
-Transport = Literal["stdio", "streamable-http"]
 
 
 @asynccontextmanager
@@ -312,54 +329,18 @@ def build_server(settings: Settings, catalog: Catalog) -> Any:
     """The MCP server of these tools; it connects to the broker when the session starts."""
     from mcp.server.mcpserver import MCPServer  # the SDK is needed by `saga mcp` alone
 
-    held: dict[str, SagaTools] = {}
+    tools = SagaTools(catalog)
 
     @asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[dict[str, Any]]:
-        async with connected(settings, catalog) as tools:
-            held["tools"] = tools
-            yield {}
+        async with agent_bus(settings) as bus, SagaClient(bus) as client:
+            tools.client = client
+            try:
+                yield {}
+            finally:
+                tools.client = None
 
     server = MCPServer("saga", instructions=INSTRUCTIONS, lifespan=lifespan)
-
-    @server.tool(description=DESCRIBE["list_actions"])
-    def list_actions() -> dict[str, Any]:
-        return held["tools"].list_actions()
-
-    @server.tool(description=DESCRIBE["list_sagas"])
-    def list_sagas() -> dict[str, Any]:
-        return held["tools"].list_sagas()
-
-    @server.tool(description=DESCRIBE["check_plan"])
-    def check_plan(
-        order_id: str,
-        saga: str | None = None,
-        steps: list[StepIn] | None = None,
-        params: dict[str, JsonValue] | None = None,
-        compensation_priority: list[str] | None = None,
-    ) -> dict[str, Any]:
-        return held["tools"].check_plan(order_id, saga, steps, params, compensation_priority)
-
-    @server.tool(description=DESCRIBE["start_saga"])
-    async def start_saga(
-        order_id: str,
-        saga: str | None = None,
-        steps: list[StepIn] | None = None,
-        params: dict[str, JsonValue] | None = None,
-        compensation_priority: list[str] | None = None,
-    ) -> dict[str, Any]:
-        return await held["tools"].start_saga(order_id, saga, steps, params, compensation_priority)
-
-    @server.tool(description=DESCRIBE["get_saga"])
-    async def get_saga(saga_id: str, order_id: str) -> dict[str, Any]:
-        return await held["tools"].get_saga(saga_id, order_id)
-
-    @server.tool(description=DESCRIBE["wait_for_saga"])
-    async def wait_for_saga(saga_id: str, order_id: str, seconds: float = 30.0) -> dict[str, Any]:
-        return await held["tools"].wait_for_saga(saga_id, order_id, seconds)
-
-    @server.tool(description=DESCRIBE["abort_saga"])
-    async def abort_saga(saga_id: str, order_id: str, reason: str) -> dict[str, Any]:
-        return await held["tools"].abort_saga(saga_id, order_id, reason)
-
+    for name, description in DESCRIBE.items():
+        server.add_tool(getattr(tools, name), name=name, description=description)
     return server

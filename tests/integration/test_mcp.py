@@ -75,6 +75,12 @@ async def test_a_plan_that_breaks_a_rule_is_refused_with_its_reason(
         assert started["accepted"] is False and "irreversible_not_last" in started["reason"]
         bad = await call(agent, "check_plan", order_id="A\x00", saga="refund", params=REFUND)
         assert bad["admitted"] is False and bad["rule"] == "malformed"
+        deep: dict[str, Any] = {}
+        for _ in range(40):
+            deep = {"a": deep}
+        nested = await call(agent, "start_saga", order_id=order_id, saga="refund", params=deep)
+        assert nested["accepted"] is False and nested["rule"] == "malformed"
+        assert "nested deeper than" in nested["reason"]  # answered at once, nothing sent
         gated = [{"action": "email.send_customer_email", "gate": True}, steps[1]]
         params = {k: REFUND[k] for k in ("customer_email", "sku", "quantity")}
         fixed = await call(agent, "check_plan", order_id=order_id, steps=gated, params=params)
