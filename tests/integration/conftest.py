@@ -10,11 +10,27 @@ import pytest
 
 from saga_coordinator.app import Stack
 from shared.bus import Bus
+from shared.catalog import Catalog
 from shared.client import SagaClient
 from shared.config import Settings
+from shared.gateway import load_catalog
 from tests.conftest import AMQP_URL
 from tests.integration.deployment import Deployment
 from tests.integration.helpers import forget_outbox, remove_namespace
+
+
+@pytest.fixture
+def catalog(settings: Settings) -> Catalog:
+    return load_catalog(settings.catalog_file)
+
+
+@pytest.fixture
+async def bus(settings: Settings) -> AsyncIterator[Bus]:
+    """A broker connection with this test's topology declared; removed afterwards."""
+    async with Bus(settings) as connected:
+        await connected.declare()
+        yield connected
+    await remove_namespace(settings)
 
 
 @pytest.fixture

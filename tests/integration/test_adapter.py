@@ -21,7 +21,6 @@ from shared.catalog import Catalog
 from shared.codec import PARTITION
 from shared.config import Settings
 from shared.errors import RetryLater
-from shared.gateway import load_catalog
 from shared.messages import ActionDone, ActionFailed, ActionRequest, PartitionMessage
 from shared.topology import partition_of
 
@@ -43,11 +42,6 @@ def reserve_request(order_id: str, *, timeout_s: float = 5, attempt: int = 1) ->
         attempt=attempt,
         timeout_s=timeout_s,
     )
-
-
-@pytest.fixture
-def catalog(settings: Settings) -> Catalog:
-    return load_catalog(settings.catalog_file)
 
 
 @pytest.fixture
@@ -128,20 +122,6 @@ async def test_unreachable_database_means_retry_later(
 
 
 # --- end to end over RabbitMQ --------------------------------------------------------------------
-
-
-@pytest.fixture
-async def bus(settings: Settings) -> AsyncIterator[Bus]:
-    bus = Bus(settings)
-    await bus.connect()
-    await bus.declare()
-    yield bus
-    channel = await bus.connection.channel()
-    try:
-        await bus.topology.delete(channel)
-    finally:
-        await channel.close()
-        await bus.close()
 
 
 @pytest.fixture

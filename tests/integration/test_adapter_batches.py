@@ -5,7 +5,6 @@ gets must not change: its own outcome, its own retries, its own failure."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aio_pika
 import asyncpg
@@ -23,32 +22,12 @@ from shared.codec import PARTITION
 from shared.config import Settings
 from shared.delivery import Alone, InHand, deliver_batch
 from shared.errors import InvalidMessage
-from shared.gateway import load_catalog
 from shared.messages import ActionDone, ActionFailed, ActionRequest, PartitionMessage
 from tests.integration.test_adapter import RESERVE, reserve_request
 
 pytestmark = pytest.mark.integration
 
 INVENTORY = system_for("inventory")
-
-
-@pytest.fixture
-def catalog(settings: Settings) -> Catalog:
-    return load_catalog(settings.catalog_file)
-
-
-@pytest.fixture
-async def bus(settings: Settings) -> AsyncIterator[Bus]:
-    bus = Bus(settings)
-    await bus.connect()
-    await bus.declare()
-    yield bus
-    channel = await bus.connection.channel()
-    try:
-        await bus.topology.delete(channel)
-    finally:
-        await channel.close()
-        await bus.close()
 
 
 def orders(order_id: str, n: int) -> list[str]:

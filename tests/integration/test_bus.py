@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aio_pika
 import aiormq
-import pytest
 
 from shared.bus import Bus
-from shared.config import Settings
-from tests.integration.helpers import remove_namespace
-
-
-@pytest.fixture
-async def bus(settings: Settings) -> AsyncIterator[Bus]:
-    async with Bus(settings) as connected:
-        await connected.declare()
-        yield connected
-    await remove_namespace(settings)
 
 
 async def test_a_batch_arrives_in_the_order_it_was_given(bus: Bus) -> None:

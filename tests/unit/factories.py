@@ -381,3 +381,9 @@ class Driver:
         for _ in range(n):
             assert self.last_request.phase == "forward"
             self.done()
+
+
+def assert_ignored(d: Driver, t: Transition, before: SagaState | None) -> None:
+    assert t.changed is False
+    assert t.out == ()
+    assert d.state == before

@@ -10,7 +10,6 @@ import pytest
 from pydantic import JsonValue
 
 from saga_coordinator.machine import begin, decide
-from saga_coordinator.register import SagaState
 from saga_coordinator.transition import Transition
 from shared.gateway import check_catalog
 from shared.messages import (
@@ -26,6 +25,7 @@ from tests.unit.factories import (
     REFUND_PARAMS,
     T0,
     Driver,
+    assert_ignored,
     compensable,
     done_for,
     event,
@@ -84,12 +84,6 @@ def adhoc(
     t = d.feed(start_plan(steps, params, priority=priority, reply_to=reply_to))
     assert d.state is not None, t.note
     return d, t
-
-
-def assert_ignored(d: Driver, t: Transition, before: SagaState | None) -> None:
-    assert t.changed is False
-    assert t.out == ()
-    assert d.state == before
 
 
 # --- happy path ----------------------------------------------------------------------------------

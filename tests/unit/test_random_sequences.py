@@ -31,6 +31,7 @@ from tests.unit.factories import (
     AGENT,
     T0,
     Driver,
+    assert_ignored,
     compensable,
     done_for,
     event,
@@ -42,7 +43,6 @@ from tests.unit.factories import (
     sender,
     with_residue,
 )
-from tests.unit.test_machine import assert_ignored
 
 PROP = make_catalog(
     actions={
