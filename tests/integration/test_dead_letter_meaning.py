@@ -148,7 +148,8 @@ async def test_replaying_an_order_keeps_its_publish_order(
     assert [s.status for s in (first, second, third)] == ["completed"] * 3
     assert ran_one_after_another(first, second)
     assert ran_one_after_another(second, third)
-    assert await coordinator.store.blocked_orders() == []
+    # This order only: the database is shared with the other tests, whose blocks are theirs.
+    assert order_id not in [r["order_id"] for r in await coordinator.store.blocked_orders()]
 
 
 async def test_discarding_a_dead_request_fails_its_step_and_it_is_never_sent_again(
