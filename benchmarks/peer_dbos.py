@@ -26,9 +26,10 @@ from dbos import DBOS, SetWorkflowID
 from pydantic import JsonValue
 
 from benchmarks.harness import cpu_seconds, pids_named, total_outcomes
-from services.errors import TransientFailure
+from services.errors import Permanent, Transient
 from services.faults import add_fault
-from services.registry import system_for
+from services.registry import SYSTEMS
+from services.simulated import Simulated
 from services.store import system_of
 from shared import loop
 from shared.catalog import ActionClass
@@ -76,7 +77,7 @@ class _App:
 
 
 def _transient(exc: BaseException) -> bool:
-    return isinstance(exc, TransientFailure)
+    return isinstance(exc, Transient)
 
 
 # Our adapters retry transient failures a few times with short backoffs; so does this step.
@@ -92,11 +93,14 @@ async def call_system(
     assert _App.pool is not None
     async with _App.pool.acquire() as conn:
         try:  # as the adapter: the timeout covers the call, not the wait for a connection
-            call = system_for(system_of(action)).execute_on(conn, req)
-            stored = await asyncio.wait_for(call, req.timeout_s)
+            service = SYSTEMS[system_of(action)]
+            call = service.call(req, Simulated.on(service.name, conn))
+            result = await asyncio.wait_for(call, req.timeout_s)
         except TimeoutError:
-            raise TransientFailure(f"{action} timed out after {req.timeout_s}s") from None
-    return {"outcome": stored.outcome, "result": stored.result, "error": stored.error}
+            raise Transient(f"{action} timed out after {req.timeout_s}s") from None
+        except Permanent as exc:
+            return {"outcome": "failed", "result": None, "error": str(exc)}
+    return {"outcome": "done", "result": result, "error": None}
 
 
 @DBOS.workflow()  # type: ignore[untyped-decorator]

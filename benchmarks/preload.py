@@ -32,8 +32,8 @@ from pydantic import JsonValue
 from benchmarks.load import command
 from saga_coordinator.machine import decide
 from saga_coordinator.register import TERMINAL, SagaState
-from services.outcome import build_outcome
-from services.simulated import Stored
+from services.errors import Permanent
+from services.outcome import Done, build_outcome
 from services.store import system_of
 from shared.catalog import Catalog
 from shared.config import Settings
@@ -158,7 +158,7 @@ def _call(
     row = (kind, k, _fmt(req.idempotency_key), system_of(req.action), req.action,
            "failed" if error else "done", _json(result), error, entity and _fmt(entity),
            _json(detail), json.dumps(req.params), _us(at))  # fmt: skip
-    verdict = Stored.failed(error) if error else Stored.done(result or {})
+    verdict = Permanent(error) if error else Done(result or {})
     return row, build_outcome(req, verdict, 1)
 
 

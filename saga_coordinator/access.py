@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 from shared.config import Settings
 from shared.errors import ConfigError
 from shared.identity import Directory
-from shared.topology import SERVICES
+from shared.topology import Topology
 
 AGENT_COMMANDS = r"^saga\.(start|status|abort)(\.[0-9]{1,4})?$"
 
@@ -89,7 +89,7 @@ def grants(settings: Settings) -> list[Grant]:
             topics=((events, r"^(saga|step|alert)\..*", ".*"), (commands, every_command, ".*")),
         )
     ]
-    for service in SERVICES:
+    for service in Topology.from_settings(settings).services:
         table.append(
             Grant(
                 f"{d.prefix}{service}",

@@ -19,16 +19,21 @@ from saga_coordinator.relay import Relay
 from saga_coordinator.store import Store
 from saga_coordinator.timer import DeadlineTimer
 from services.adapter import Adapter
+from services.payments_http.api import bound_socket
+from services.payments_http.api import serve as serve_payments_api
+from services.registry import SYSTEMS, VARIANTS, load_service
+from services.sdk import Service
 from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.config import Settings
+from shared.errors import ConfigError
 from shared.gateway import load_catalog
 from shared.identity import Component, Directory, check_connects_as, database_url_for
 from shared.sql import create_pool
-from shared.topology import SERVICES
 
 log = logging.getLogger(__name__)
-COMPONENTS: tuple[str, ...] = ("coordinator", *SERVICES)
+# Besides these, a component may be a service of one's own, as ``package.module:attribute``.
+COMPONENTS: tuple[str, ...] = ("coordinator", *SYSTEMS, *VARIANTS, "payments-api")
 
 
 class Stack:
@@ -39,24 +44,45 @@ class Stack:
     sharing this process are told apart by the broker and the database."""
 
     def __init__(self, settings: Settings, components: Iterable[str] = ("all",)) -> None:
-        chosen = set(components)
-        if "all" in chosen:
-            chosen = set(COMPONENTS)
-        unknown = chosen - set(COMPONENTS)
-        if unknown:
-            raise ValueError(f"unknown component(s) {sorted(unknown)}; choose from {COMPONENTS}")
         self.settings = settings
-        self.components = [c for c in COMPONENTS if c in chosen]
         self.catalog: Catalog = load_catalog(settings.catalog_file)
+        chosen = [c for c in dict.fromkeys(components) if c != "all"]
+        self.services: dict[str, Service[Any]] = {
+            c: load_service(c) for c in chosen if c not in ("coordinator", "payments-api")
+        }
+        if "all" in components:  # the coordinator, and a built-in adapter per service left
+            taken = {s.name for s in self.services.values()}
+            needed = [s for s in SYSTEMS if s in self.catalog.services and s not in taken]
+            self.services |= {s: SYSTEMS[s] for s in needed}
+            chosen = list(dict.fromkeys(["coordinator", *needed, *chosen]))
+        self.components = chosen
+        self._check_services()
         self.directory = Directory.from_settings(settings)
         self._shared = settings.identity == "shared"
-        first = cast(Component, self.components[0])  # the coordinator when it is here
+        first = cast(
+            Component,
+            "coordinator"
+            if "coordinator" in chosen or not self.services
+            else next(iter(self.services.values())).name,
+        )
         self.bus = Bus(settings, user=self.directory.user(first))
         self._buses: dict[str, Bus] = {"shared" if self._shared else first: self.bus}
         self._pools: dict[str, asyncpg.Pool] = {}
+        self._own_pools: list[asyncpg.Pool] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._relay: Relay | None = None
         self.coordinator: Coordinator | None = None
+
+    def _check_services(self) -> None:
+        served: dict[str, str] = {}
+        for component, service in self.services.items():
+            if service.name in served:
+                raise ConfigError(
+                    f"{component} and {served[service.name]} both serve {service.name!r}: "
+                    "run one of them"
+                )
+            served[service.name] = component
+            service.check(self.catalog)
 
     @property
     def pool(self) -> asyncpg.Pool:
@@ -98,21 +124,30 @@ class Stack:
             bus, pool = await self._connect("coordinator")
             await bus.declare()  # the coordinator owns the topology
             runners += self._coordinator_parts(bus, pool)
-        for service in SERVICES:
-            if service in self.components:
-                bus, pool = await self._connect(cast(Component, service))
-                if self._shared and "coordinator" not in self.components:
-                    await bus.declare()
-                adapter = Adapter(
-                    service, self.settings, self.catalog, bus, pool,
-                    db_retry_s=self.settings.db_retry_s,
-                )  # fmt: skip
-                runners.append((service, adapter.run()))
+        for component, service in self.services.items():
+            bus, pool = await self._connect(cast(Component, service.name))
+            if self._shared and "coordinator" not in self.components:
+                await bus.declare()
+            adapter = Adapter(
+                service, self.settings, self.catalog, bus, pool,
+                db_retry_s=self.settings.db_retry_s,
+            )  # fmt: skip
+            runners.append((component, adapter.run()))
+        if "payments-api" in self.components:
+            runners.append(("payments-api", await self._payments_api()))
         self._tasks = [asyncio.create_task(coro, name=name) for name, coro in runners]
         if self._shared:
             log.warning("SAGA_IDENTITY=shared: one broker account for everything; senders are "
                         "not verified (a development setting)")  # fmt: skip
         log.info("started %s", ", ".join(self.components))
+
+    async def _payments_api(self) -> Coroutine[Any, Any, None]:
+        """The HTTP payments API (an external system in the demo): its socket bound now, so a
+        port in use is an error at start."""
+        sock = bound_socket(self.settings.payments_api_bind)
+        pool = await create_pool(self.settings.database_url, min_size=1, max_size=10)
+        self._own_pools.append(pool)
+        return serve_payments_api(pool, sock)
 
     def _coordinator_parts(
         self, bus: Bus, pool: asyncpg.Pool
@@ -163,6 +198,6 @@ class Stack:
         self._relay = None
         for bus in {id(b): b for b in self._buses.values()}.values():
             await bus.close()
-        for pool in self._pools.values():
+        for pool in [*self._pools.values(), *self._own_pools]:
             await pool.close()
-        self._pools = {}
+        self._pools, self._own_pools = {}, []

@@ -14,7 +14,7 @@ import asyncpg
 import click
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from saga_coordinator.app import COMPONENTS, Stack
+from saga_coordinator.app import Stack
 from saga_coordinator.cli_contract import schema, watch
 from saga_coordinator.cli_decide import (
     abort,
@@ -26,6 +26,7 @@ from saga_coordinator.cli_decide import (
 )
 from saga_coordinator.cli_dlq import dlq
 from saga_coordinator.cli_mcp import mcp
+from saga_coordinator.cli_new import new
 from saga_coordinator.cli_ops import effects, faults
 from saga_coordinator.cli_setup import setup, tls
 from saga_coordinator.cli_support import (
@@ -77,13 +78,17 @@ def main(ctx: click.Context, /, **options: Any) -> None:
 
 
 @main.command()
-@click.argument("components", nargs=-1, type=click.Choice(["all", *COMPONENTS]))
+@click.argument("components", nargs=-1, metavar="[COMPONENT]...")
 @click.option(
     "--demo", is_flag=True, envvar="SAGA_DEMO", help="Also run the demo agent [SAGA_DEMO]"
 )
 @click.pass_context
 def run(ctx: click.Context, components: tuple[str, ...], demo: bool) -> None:
-    """Run processes in the foreground until SIGINT/SIGTERM (default: all)."""
+    """Run components in the foreground until SIGINT/SIGTERM (default: all).
+
+    A component is one of: all, coordinator, inventory, erp, payments, email, payments-http
+    (payments through the HTTP API), payments-api (that API); or a service of your own, as
+    package.module:attribute (a services.sdk.Service)."""
     settings = settings_of(ctx)
     run_async(_serve(settings, components or ("all",), demo))
 
@@ -425,6 +430,7 @@ main.add_command(effects)
 main.add_command(setup)
 main.add_command(tls)
 main.add_command(mcp)
+main.add_command(new)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

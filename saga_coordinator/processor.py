@@ -17,8 +17,9 @@ from pydantic import TypeAdapter
 from saga_coordinator import convoy, deadline
 from saga_coordinator.convoy import OrderView, Verdict
 from saga_coordinator.machine import begin, decide
+from saga_coordinator.ports import Transaction as Tx
 from saga_coordinator.register import SagaState
-from saga_coordinator.store import Claim, OutboxRow, Tx
+from saga_coordinator.store import Claim, OutboxRow
 from saga_coordinator.transition import Reply, Transition
 from shared.catalog import Catalog
 from shared.codec import PARTITION

@@ -1,18 +1,20 @@
-"""The adapter of one service: consume its action requests, call the system, report the outcome.
+"""The adapter of one service: consume its action requests, call its functions, report.
 
-Per request: call the simulated system with the request's idempotency key, retry transient
-failures with bounded exponential backoff, publish ``done`` or ``failed`` into the order's
-partition, and only then let the delivery be acked. A redelivered request is harmless: the system
-returns the stored outcome and the outcome message has the same id, which the coordinator's inbox
-absorbs.
+Per request: call the service's function (``services.sdk``) with the request's idempotency key,
+retry ``Transient`` errors with bounded exponential backoff, publish ``done`` or ``failed`` into
+the order's partition, and only then let the delivery be acked. A redelivered request is
+harmless: the system returns the stored outcome and the outcome message has the same id, which
+the coordinator's inbox absorbs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
@@ -28,10 +30,10 @@ from tenacity import (
     wait_exponential,
 )
 
-from services.errors import TransientFailure
-from services.outcome import Verdict, build_outcome
-from services.registry import system_for
-from services.simulated import Stored
+from services.errors import Permanent, Transient
+from services.outcome import Done, Verdict, build_outcome
+from services.registry import load_service
+from services.sdk import Resources, Service, batch_scope
 from shared import trust
 from shared.bus import Bus
 from shared.catalog import Catalog
@@ -53,28 +55,56 @@ _REQUEST: TypeAdapter[ActionRequest] = TypeAdapter(ActionRequest)
 class Adapter:
     def __init__(
         self,
-        service: str,
+        service: str | Service[Any],
         settings: Settings,
         catalog: Catalog,
-        bus: Bus,
-        pool: asyncpg.Pool,
+        bus: Bus | None,
+        pool: asyncpg.Pool | None,
         *,
         db_retry_s: float = 30.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
-        self.service = service
+        """``bus`` and ``pool`` may be None only for ``perform`` (the test kit); ``sleep``
+        waits between retries (the test kit's does not wait)."""
+        self.service = load_service(service) if isinstance(service, str) else service
+        self.service.check(catalog)  # a function missing or misnamed: refuse to start
+        self.name = self.service.name
         self.db_retry_s = db_retry_s
-        self.system = system_for(service)
         self.settings = settings
         self.catalog = catalog
         self.bus = bus
         self.pool = pool
+        self.sleep = sleep
         self.directory = Directory.from_settings(settings)
+        self._resources = contextlib.AsyncExitStack()
+        self._deps: Any = None
+        self._opened = False
+
+    async def open(self) -> None:
+        """Run the service's setup (its clients, pools); ``run`` does it, tests may."""
+        if not self._opened:
+            resources = Resources(self.settings, self.pool)
+            self._deps = await self._resources.enter_async_context(self.service.open(resources))
+            self._opened = True
+
+    async def aclose(self) -> None:
+        await self._resources.aclose()
+        self._opened = False
 
     async def run(self) -> None:
         """Consume this service's action queue until cancelled. Requests of different orders are
         independent, so they are handled concurrently."""
-        queue = self.bus.topology.action_queue(self.service)
-        log.info("adapter %s consuming %s", self.service, queue)
+        await self.open()
+        try:
+            await self._consume()
+        finally:
+            await self.aclose()
+
+    async def _consume(self) -> None:
+        if self.bus is None or self.pool is None:
+            raise RuntimeError("an adapter consumes through a bus, with a pool for its failures")
+        queue = self.bus.topology.action_queue(self.name)
+        log.info("adapter %s consuming %s", self.name, queue)
         await self.bus.consume(
             queue,
             self.handle,
@@ -89,15 +119,18 @@ class Adapter:
 
     def _request(self, message: AbstractIncomingMessage) -> ActionRequest:
         req = decode_incoming(message, _REQUEST, self.settings.max_message_bytes)
-        trust.request(self.directory, req, message.user_id, self.service)  # Forged: dead letter
+        trust.request(self.directory, req, message.user_id, self.name)  # Forged: dead letter
         return req
 
-    async def handle(self, message: AbstractIncomingMessage, *, tried: int = 0) -> None:
+    async def handle(
+        self, message: AbstractIncomingMessage, *, tried: int = 0, landed: bool = False
+    ) -> None:
         """One request alone; ``tried``: calls a batch already made for it, which failed
-        transiently (the catalog's attempts count them)."""
+        transiently (the catalog's attempts count them), ``landed`` whether they may have landed."""
         req = self._request(message)
-        outcome = await self.perform(req, tried)
+        outcome = await self.perform(req, tried, landed)
         crash_point("adapter.before_publish")
+        assert self.bus is not None
         try:
             await self.bus.to_partition(outcome)
         except (AMQPError, ConnectionError, TimeoutError) as exc:
@@ -122,17 +155,21 @@ class Adapter:
         try:
             called = await self._call_batch([req for _, req in valid])
         except Exception as exc:
-            log.warning("%s: a batch of %d failed (%r): each alone", self.service, len(valid), exc)
+            log.warning("%s: a batch of %d failed (%r): each alone", self.name, len(valid), exc)
             for i, _ in valid:
                 verdicts[i] = Alone()
             return verdicts
         reports: list[tuple[int, ActionRequest, ActionDone | ActionFailed]] = []
         for (i, req), verdict in zip(valid, called, strict=True):
-            if isinstance(verdict, TransientFailure):
-                verdicts[i] = Alone(functools.partial(self.handle, tried=1))
-            else:
+            if isinstance(verdict, Transient):
+                alone = functools.partial(self.handle, tried=1, landed=verdict.may_have_landed)
+                verdicts[i] = Alone(alone)
+            elif isinstance(verdict, Done | Permanent):
                 reports.append((i, req, build_outcome(req, verdict, 1)))
+            else:  # the function broke, or a bulk call failed for all: each alone
+                verdicts[i] = Alone()
         crash_point("adapter.before_publish")
+        assert self.bus is not None
         exchange = self.bus.topology.partitions_exchange
         sent = await self.bus.publish_many(
             [
@@ -146,12 +183,25 @@ class Adapter:
                 _log_outcome(req, outcome)
         return verdicts
 
-    async def _call_batch(self, reqs: list[ActionRequest]) -> list[Verdict]:
+    async def _call_batch(self, reqs: list[ActionRequest]) -> list[Verdict | Exception]:
+        """Every request's function at once, in one batch scope: what they submit to a
+        ``Coalescer`` together (the simulated systems' statement) goes out as one call."""
+        await self.open()
         timeout = min(req.timeout_s for req in reqs)
-        async with self.pool.acquire() as conn:
-            return await asyncio.wait_for(self.system.execute_many(conn, reqs), timeout)
+        async with batch_scope():
+            return await asyncio.wait_for(
+                asyncio.gather(*(self._try_in_batch(req) for req in reqs)), timeout
+            )
 
-    async def perform(self, req: ActionRequest, tried: int = 0) -> ActionDone | ActionFailed:
+    async def _try_in_batch(self, req: ActionRequest) -> Verdict | Exception:
+        try:
+            return Done(await self.service.call(req, self._deps))
+        except Exception as exc:  # Transient, Permanent, or a broken function (then alone)
+            return exc
+
+    async def perform(
+        self, req: ActionRequest, tried: int = 0, landed: bool = False
+    ) -> ActionDone | ActionFailed:
         """Call the system (with retries) and build the outcome to report; no broker I/O.
 
         While the database is away the message is held and the call retried for ``db_retry_s``:
@@ -164,47 +214,54 @@ class Adapter:
             before_sleep=before_sleep_log(log, logging.WARNING),
             reraise=True,
         )
+        await self.open()
         try:
             async for attempt in holding:
                 with attempt:
-                    verdict, tries = await self._call_with_retries(req, tried)
+                    verdict, tries = await self._call_with_retries(req, tried, landed)
         except TRANSIENT_DB_ERRORS as exc:
             if not is_transient(exc):
                 raise
             raise RetryLater(f"database unreachable during {req.action}: {exc!r}") from exc
         return build_outcome(req, verdict, tries)
 
-    async def _call_with_retries(self, req: ActionRequest, tried: int) -> tuple[Verdict, int]:
+    async def _call_with_retries(
+        self, req: ActionRequest, tried: int, landed: bool
+    ) -> tuple[Verdict, int]:
         policy = self.catalog.retry_policy(req.action)
         tries = tried
         if tried:  # the backoff the first retry would have waited
-            await asyncio.sleep(
-                min(policy.initial_backoff_s * 2 ** (tried - 1), policy.max_backoff_s)
-            )
+            await self.sleep(min(policy.initial_backoff_s * 2 ** (tried - 1), policy.max_backoff_s))
         retrying = AsyncRetrying(
             stop=stop_after_attempt(max(policy.attempts - tried, 1)),
             wait=wait_exponential(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s),
-            retry=retry_if_exception_type(TransientFailure),
+            retry=retry_if_exception_type(Transient),
+            sleep=self.sleep,
             reraise=True,
         )
         try:
             async for attempt in retrying:
                 with attempt:
                     tries += 1
-                    stored = await self._call_once(req)
-        except TransientFailure as exc:
+                    try:
+                        result = await self._call_once(req, tries)
+                    except Transient as exc:
+                        landed = landed or exc.may_have_landed
+                        raise
+        except Transient as exc:
+            # Any try that may have landed leaves the effect in doubt, not only the last.
+            return Transient(str(exc), may_have_landed=landed), tries
+        except Permanent as exc:
             return exc, tries
-        return stored, tries
+        return Done(result), tries
 
-    async def _call_once(self, req: ActionRequest) -> Stored:
-        async with self.pool.acquire() as conn:
-            try:
-                return await asyncio.wait_for(self.system.execute_on(conn, req), req.timeout_s)
-            except TimeoutError:
-                # The call may still land (a slow commit): that is what effect_unknown reports.
-                raise TransientFailure(
-                    f"{req.action} gave no answer within {req.timeout_s:g}s"
-                ) from None
+    async def _call_once(self, req: ActionRequest, attempt: int) -> dict[str, Any]:
+        try:
+            call = self.service.call(req, self._deps, attempt=attempt)
+            return await asyncio.wait_for(call, req.timeout_s)
+        except TimeoutError:
+            # The call may still land (a slow commit): that is what effect_unknown reports.
+            raise Transient(f"{req.action} gave no answer within {req.timeout_s:g}s") from None
 
 
 def _unconfirmed(req: ActionRequest, exc: BaseException) -> RetryLater:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Literal
 
-from services.errors import TransientFailure
-from services.simulated import Stored
+from pydantic import JsonValue
+
+from services.errors import Permanent, Transient
 from shared.codec import check_shape
 from shared.errors import InvalidMessage
 from shared.messages import ActionDone, ActionFailed, ActionRequest
@@ -17,7 +19,13 @@ from shared.text import clean
 OUTCOME_NAMESPACE = uuid.UUID("6f1d3c52-8a0e-4f7b-9b0c-2d4e5a7c9e13")
 MAX_REASON = 4000
 
-Verdict = Stored | TransientFailure
+
+@dataclass(frozen=True)
+class Done:
+    result: dict[str, JsonValue]
+
+
+Verdict = Done | Transient | Permanent
 
 
 def outcome_message_id(
@@ -28,16 +36,16 @@ def outcome_message_id(
 
 
 def effect_unknown(verdict: Verdict) -> bool:
-    """A stored failure is the system saying no: nothing landed. Exhausted transient retries (a
-    timeout, a 5xx) may have landed anyway, so the coordinator must compensate them too."""
-    return isinstance(verdict, TransientFailure)
+    """A refusal is the system saying no: nothing landed. Exhausted transient retries (a
+    timeout, a 5xx) may have landed anyway, so the coordinator must compensate them too; the
+    error says which."""
+    return not isinstance(verdict, Done) and verdict.may_have_landed
 
 
-def reason_of(verdict: Verdict, tries: int) -> str:
-    if isinstance(verdict, TransientFailure):
-        text = f"gave up after {tries} tries: {verdict}"
-    else:
-        text = verdict.error or "failed"
+def reason_of(verdict: Transient | Permanent, tries: int) -> str:
+    text = str(verdict) or type(verdict).__name__
+    if isinstance(verdict, Transient):
+        text = f"gave up after {tries} tries: {text}"
     return clean(text, MAX_REASON)  # a system's error text may hold anything
 
 
@@ -52,8 +60,8 @@ def unfit_result(result: dict[str, object]) -> str | None:
 
 
 def build_outcome(req: ActionRequest, verdict: Verdict, tries: int) -> ActionDone | ActionFailed:
-    if isinstance(verdict, Stored) and verdict.outcome == "done":
-        unfit = unfit_result(dict(verdict.result or {}))
+    if isinstance(verdict, Done):
+        unfit = unfit_result(dict(verdict.result))
         if unfit is not None:
             reason = f"{req.action} answered with a result that cannot be carried: {unfit}"
             return ActionFailed(
@@ -73,7 +81,7 @@ def build_outcome(req: ActionRequest, verdict: Verdict, tries: int) -> ActionDon
             idempotency_key=req.idempotency_key,
             attempt=req.attempt,
             tries=max(tries, 1),
-            result=verdict.result or {},
+            result=verdict.result,
         )
     return ActionFailed(
         message_id=outcome_message_id(req.idempotency_key, "failed", req.attempt),

@@ -1,4 +1,4 @@
-"""Typed access to an action's parameters: a wrong or missing one is a permanent failure.
+"""Parameter types of the built-in services' models.
 
 The gateway checks parameters against the catalog at intake; the systems check again because
 they are the last line of defence (a replayed or hand-written message skips the gateway).
@@ -6,29 +6,19 @@ they are the last line of defence (a replayed or hand-written message skips the 
 
 from __future__ import annotations
 
-from services.errors import PermanentFailure
-from shared.messages import ActionRequest
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 
-def require_str(req: ActionRequest, name: str) -> str:
-    value = req.params.get(name)
-    if not isinstance(value, str) or not value.strip():
-        raise PermanentFailure(f"{req.action}: parameter {name!r} must be a non-empty string")
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
     return value
 
 
-def require_int(req: ActionRequest, name: str) -> int:
-    value = req.params.get(name)
-    # bool is an int subclass in Python; `true` is never a quantity.
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise PermanentFailure(f"{req.action}: parameter {name!r} must be an integer")
-    return value
+Text = Annotated[str, Field(min_length=1), AfterValidator(_not_blank)]
 
 
-def optional_str(req: ActionRequest, name: str) -> str | None:
-    value = req.params.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise PermanentFailure(f"{req.action}: parameter {name!r} must be a non-empty string")
-    return value
+class Params(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")

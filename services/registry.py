@@ -1,22 +1,40 @@
-"""The four simulated systems, by service name (the routing key of their action queue)."""
+"""The services an adapter process can run: the built-in ones by name, a user's own by
+``module:attribute`` (a ``services.sdk.Service`` object)."""
 
 from __future__ import annotations
 
-from services.email.system import SYSTEM as EMAIL
-from services.erp.system import SYSTEM as ERP
-from services.inventory.system import SYSTEM as INVENTORY
-from services.payments.system import SYSTEM as PAYMENTS
-from services.simulated import SimulatedSystem
+import importlib
+from typing import Any
 
-SYSTEMS: dict[str, SimulatedSystem] = {s.name: s for s in (INVENTORY, ERP, PAYMENTS, EMAIL)}
+from services.email.system import SERVICE as EMAIL
+from services.erp.system import SERVICE as ERP
+from services.inventory.system import SERVICE as INVENTORY
+from services.payments.system import SERVICE as PAYMENTS
+from services.sdk import Service
+from shared.errors import ConfigError
+
+# The adapters of the four simulated systems, by service name.
+SYSTEMS: dict[str, Service[Any]] = {s.name: s for s in (INVENTORY, ERP, PAYMENTS, EMAIL)}
+# Variants serving the same actions another way, by component name.
+VARIANTS: dict[str, str] = {"payments-http": "services.payments_http.adapter:SERVICE"}
 
 
-def system_for(service: str) -> SimulatedSystem:
+def load_service(ref: str) -> Service[Any]:
+    """``inventory`` (built in), ``payments-http`` (a variant) or ``package.module:name``."""
+    if ref in SYSTEMS:
+        return SYSTEMS[ref]
+    ref = VARIANTS.get(ref, ref)
+    module_name, sep, attribute = ref.partition(":")
+    if not sep or not module_name or not attribute:
+        known = ", ".join([*SYSTEMS, *VARIANTS])
+        raise ConfigError(f"unknown service {ref!r}: give one of {known}, or module:attribute")
     try:
-        return SYSTEMS[service]
-    except KeyError:
-        known = ", ".join(sorted(SYSTEMS))
-        raise ValueError(f"unknown service {service!r} (known: {known})") from None
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load the service {ref!r}: {exc}") from None
+    if not isinstance(found, Service):
+        raise ConfigError(f"{ref} is a {type(found).__name__}, not a services.sdk.Service")
+    return found
 
 
 def all_actions() -> list[str]:

@@ -1,117 +1,119 @@
-"""A simulated external system with Stripe-like idempotency and fault injection.
+"""What the built-in services' functions call: a simulated system with Stripe-like idempotency
+and fault injection, in the saga database.
 
 Every call is ONE statement, ``sim_call`` (migration 0007), and so one transaction: claim the
-idempotency key, apply any injected fault, run the action, store the outcome. What needs no
-database (checking the parameters, choosing new ids, read-only answers) is decided here first
-by the action's ``Prepare`` function; a refusal it raises is stored like any other outcome. A
-stored outcome (success or failure) is returned for every later call with that key, so a
-redelivered or retried request never applies its effect twice.
+idempotency key, apply any injected fault, run the action, store the outcome. The function
+decides first what needs no database (checking the parameters, new ids, read-only answers) and
+hands over the values to write (``apply``) or why it refuses (``refuse``); a refusal is stored
+like any other outcome. A stored outcome (success or failure) is returned for every later call
+with that key, so a redelivered or retried request never applies its effect twice. The calls of
+one delivery batch go out as one ``call_many`` statement: one commit for all of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
+from uuid import uuid4
 
 import asyncpg
-from pydantic import JsonValue
 
-from services.errors import PermanentFailure, TransientFailure
+from services.errors import Permanent, Transient
+from services.sdk import Call, Coalescer, Resources, Result, Service
 from services.store import Conn, Q, from_json, to_json
-from shared.messages import ActionRequest
 
-# The values the action writes (new ids included), checked; raises PermanentFailure to refuse.
-Prepare = Callable[[ActionRequest], dict[str, JsonValue]]
+Connect = Callable[[], contextlib.AbstractAsyncContextManager[Conn]]
 
 
 @dataclass(frozen=True)
-class Stored:
-    """The outcome stored for one idempotency key."""
+class _Write:
+    key: str
+    action: str
+    order_id: str
+    values: Result
+    refusal: str | None
 
-    outcome: Literal["done", "failed"]
-    result: dict[str, JsonValue] | None = None
-    error: str | None = None
+
+class Simulated:
+    """A simulated system's database side, as ``call.deps`` of its functions."""
+
+    def __init__(self, system: str, connect: Connect) -> None:
+        self.system = system
+        self._connect = connect
+        self._calls: Coalescer[_Write, Result] = Coalescer(self._run_many)
 
     @classmethod
-    def done(cls, result: dict[str, JsonValue]) -> Stored:
-        return cls("done", result, None)
+    def on(cls, system: str, conn: Conn) -> Simulated:
+        """Calls on a connection the caller holds (its timeout then covers the call alone)."""
 
-    @classmethod
-    def failed(cls, error: str) -> Stored:
-        return cls("failed", None, error)
+        @contextlib.asynccontextmanager
+        async def held() -> AsyncIterator[Conn]:
+            yield conn
 
+        return cls(system, held)
 
-class SimulatedSystem:
-    def __init__(self, name: str, handlers: Mapping[str, Prepare]) -> None:
-        self.name = name
-        self.handlers = dict(handlers)
+    async def apply(self, call: Call[Any, Any], values: Result) -> Result:
+        """Write ``values`` under the call's key, once: the result stored for that key (this
+        call's, or an earlier one's). Raises ``Permanent`` for a stored refusal or an injected
+        permanent fault, ``Transient`` for an injected transient one."""
+        return await self._calls.submit(_Write(call.key, call.action, call.order_id, values, None))
 
-    @property
-    def actions(self) -> list[str]:
-        return sorted(self.handlers)
+    async def refuse(self, call: Call[Any, Any], reason: str) -> Result:
+        """Store a refusal under the call's key (unless the key already has an outcome, which
+        is then returned) and raise it as ``Permanent``."""
+        return await self._calls.submit(_Write(call.key, call.action, call.order_id, {}, reason))
 
-    async def execute(self, pool: asyncpg.Pool, req: ActionRequest) -> Stored:
-        """Run ``req`` at most once per idempotency key; raise ``TransientFailure`` when the call
-        did not land (nothing is stored then, so a retry runs it for real)."""
-        async with pool.acquire() as conn:
-            return await self.execute_on(conn, req)
-
-    async def execute_on(self, conn: Conn, req: ActionRequest) -> Stored:
-        """``execute`` on a connection the caller holds (the adapter's timeout then covers the
-        call alone, not the wait for a free connection of its own pool)."""
-        values, refusal = self.prepare(req)
-        row = await conn.fetchrow(
-            Q.call, req.idempotency_key, self.name, req.action, req.order_id,
-            to_json(values), refusal,
-        )  # fmt: skip
-        assert row is not None
-        verdict = _verdict(row)
-        if isinstance(verdict, TransientFailure):
-            raise verdict
-        return verdict
-
-    async def execute_many(
-        self, conn: Conn, reqs: Sequence[ActionRequest]
-    ) -> list[Stored | TransientFailure]:
-        """``execute_on`` for several requests in one statement, hence one transaction: the
-        verdict of each, in order. Raises if any call raises (nothing is then stored). The
-        calls run in key order so that two batches lock shared rows in the same order."""
-        order = sorted(range(len(reqs)), key=lambda i: reqs[i].idempotency_key)
-        prepared = [self.prepare(reqs[i]) for i in order]
-        rows = await conn.fetch(
-            Q.call_many,
-            [reqs[i].idempotency_key for i in order],
-            [self.name] * len(order),
-            [reqs[i].action for i in order],
-            [reqs[i].order_id for i in order],
-            [to_json(values) for values, _ in prepared],
-            [refusal for _, refusal in prepared],
-            order,
-        )
-        verdicts: list[Stored | TransientFailure | None] = [None] * len(reqs)
+    async def _run_many(self, writes: list[_Write]) -> list[Result | Exception]:
+        async with self._connect() as conn:
+            if len(writes) == 1:
+                w = writes[0]
+                row = await conn.fetchrow(
+                    Q.call, w.key, self.system, w.action, w.order_id, to_json(w.values), w.refusal
+                )
+                assert row is not None
+                return [_verdict(row)]
+            # Key order, so that two batches lock shared rows in the same order.
+            order = sorted(range(len(writes)), key=lambda i: writes[i].key)
+            rows = await conn.fetch(
+                Q.call_many,
+                [writes[i].key for i in order],
+                [self.system] * len(order),
+                [writes[i].action for i in order],
+                [writes[i].order_id for i in order],
+                [to_json(writes[i].values) for i in order],
+                [writes[i].refusal for i in order],
+                order,
+            )
+        out: list[Result | Exception | None] = [None] * len(writes)
         for row in rows:
-            verdicts[row["n"]] = _verdict(row)
-        if any(v is None for v in verdicts):
-            raise TransientFailure(f"{self.name}: a batch of {len(reqs)} came back incomplete")
-        return [v for v in verdicts if v is not None]
-
-    def prepare(self, req: ActionRequest) -> tuple[dict[str, JsonValue], str | None]:
-        """The values the call writes, or why it refuses (stored as its outcome unless a fault
-        or an earlier outcome for the key comes first)."""
-        handler = self.handlers.get(req.action)
-        if handler is None:
-            known = ", ".join(self.actions)
-            return {}, f"{self.name} has no action {req.action!r} (known: {known})"
-        try:
-            return handler(req), None
-        except PermanentFailure as exc:
-            return {}, str(exc)
+            out[row["n"]] = _verdict(row)
+        if any(v is None for v in out):
+            raise Transient(f"{self.system}: a batch of {len(writes)} came back incomplete")
+        return [v for v in out if v is not None]
 
 
-def _verdict(row: asyncpg.Record) -> Stored | TransientFailure:
+def _verdict(row: asyncpg.Record) -> Result | Exception:
     if row["call_transient"]:
-        return TransientFailure(row["call_error"])
+        return Transient(row["call_error"])
     if row["call_outcome"] == "done":
-        return Stored.done(from_json(row["call_result"]) or {})
-    return Stored.failed(row["call_error"] or "failed")
+        result: Result = from_json(row["call_result"]) or {}
+        return result
+    return Permanent(row["call_error"] or "failed")
+
+
+def simulated_service(system: str) -> Service[Simulated]:
+    """A built-in service whose functions reach their simulated system as ``call.deps``."""
+
+    @contextlib.asynccontextmanager
+    async def setup(resources: Resources) -> AsyncIterator[Simulated]:
+        if resources.pool is None:
+            raise RuntimeError(f"the simulated {system} needs the saga database's pool")
+        yield Simulated(system, resources.pool.acquire)
+
+    return Service(system, setup=setup)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid4().hex}"

@@ -6,11 +6,14 @@ starts a process: the error names the saga, the step and the rule.
 
 from __future__ import annotations
 
+import tomllib
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
+from shared.errors import CatalogError
 from shared.messages import Gate, ParamName
 
 ParamType = Literal["str", "int", "float", "bool"]
@@ -120,6 +123,30 @@ class Catalog(_Strict):
     compensations: dict[Name, CompensationSpec] = Field(default_factory=dict)
     sagas: dict[str, SagaSpec] = Field(default_factory=dict)
 
+    @property
+    def services(self) -> tuple[str, ...]:
+        """The services the catalog's actions and compensations belong to (``service.name``):
+        each gets an action queue and an adapter."""
+        names = [*self.actions, *self.compensations]
+        return tuple(sorted({name.split(".", 1)[0] for name in names}))
+
     def retry_policy(self, action: str) -> RetryPolicy:
         spec = self.actions.get(action) or self.compensations.get(action)
         return spec.retry if spec is not None else RetryPolicy()
+
+
+def read_catalog(path: Path) -> Catalog:
+    """Read and validate a catalog file (the gateway's rules are ``gateway.load_catalog``'s)."""
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot read the catalog: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return Catalog.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise CatalogError(f"{path}: {problems}") from None

@@ -79,12 +79,16 @@ class Settings:
     # Commands per second each agent may send (a token bucket at the intake), and its burst.
     agent_rate: float = 50.0
     agent_burst: int = 200
+    # The HTTP payments API: where `saga run payments-api` listens, where payments-http calls.
+    payments_api_bind: str = "127.0.0.1:8090"
+    payments_api_url: str = "http://127.0.0.1:8090"
 
     def __post_init__(self) -> None:
         self._check_events()
         self._check_identity()
         _check_url("SAGA_AMQP_URL", self.amqp_url, ("amqp", "amqps"))
         _check_url("SAGA_DATABASE_URL", self.database_url, ("postgresql", "postgres"))
+        _check_url("SAGA_PAYMENTS_API_URL", self.payments_api_url, ("http", "https"))
         share = _SHARE.match(self.coordinator_share)
         if share is None or not int(share[1]) < int(share[2]) <= 1024:
             raise ConfigError(

@@ -7,7 +7,6 @@ refusal names the rule (a stable identifier), the step and what is wrong.
 from __future__ import annotations
 
 import functools
-import tomllib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +22,17 @@ from pydantic import (
     create_model,
 )
 
-from shared.catalog import ActionClass, ActionSpec, Catalog, ParamSpec, answer_within_s
+from shared.catalog import (
+    ActionClass,
+    ActionSpec,
+    Catalog,
+    ParamSpec,
+    answer_within_s,
+    read_catalog,
+)
 from shared.errors import CatalogError, PlanRejected
 from shared.messages import Gate, Plan, StartSaga
 from shared.text import clean
-from shared.topology import SERVICES
 
 
 def _no_bool(value: Any) -> Any:
@@ -89,8 +94,6 @@ class AdmittedPlan:
 def check_action(catalog: Catalog, name: str, spec: ActionSpec) -> None:
     """Rules about one declared action (independent of any plan)."""
     service = name.split(".", 1)[0]
-    if service not in SERVICES:
-        raise PlanRejected("unknown_service", f"{name}: no adapter serves {service!r}")
     if spec.action_class.needs_compensation:
         if spec.compensation is None:
             raise PlanRejected(
@@ -261,18 +264,6 @@ def admit(catalog: Catalog, command: StartSaga) -> AdmittedPlan:
 
 def load_catalog(path: Path) -> Catalog:
     """Read, validate and check a catalog file; raise ``CatalogError`` naming what is wrong."""
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CatalogError(f"{path}: cannot read the catalog: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise CatalogError(f"{path}: not valid TOML: {exc}") from None
-    try:
-        catalog = Catalog.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise CatalogError(f"{path}: {problems}") from None
+    catalog = read_catalog(path)
     check_catalog(catalog, source=str(path))
     return catalog

@@ -7,13 +7,16 @@ another queue after a node restart, so it is not used).
 
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from pathlib import Path
 from typing import Any
 
 from aio_pika.abc import AbstractChannel, ExchangeType
 
+from shared.catalog import read_catalog
 from shared.config import Settings
 
 SERVICES: tuple[str, ...] = ("inventory", "erp", "payments", "email")
@@ -34,16 +37,27 @@ class Topology:
     namespace: str
     partitions: int
     delivery_limit: int
-    services: tuple[str, ...] = SERVICES
     # Patterns (fnmatch) of the lifecycle events published; "*": all of them.
     events: tuple[str, ...] = ("*",)
+    # The services (one action queue each) are the catalog's; read when first needed, so a
+    # client that only sends commands needs no catalog.
+    catalog_file: Path | None = None
+    declared_services: tuple[str, ...] | None = None  # given: instead of the catalog file's
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Topology:
         return cls(
             settings.namespace, settings.partitions, settings.delivery_limit,
-            events=event_patterns(settings.events),
+            events=event_patterns(settings.events), catalog_file=settings.catalog_file,
         )  # fmt: skip
+
+    @functools.cached_property
+    def services(self) -> tuple[str, ...]:
+        if self.declared_services is not None:
+            return self.declared_services
+        if self.catalog_file is None:
+            return SERVICES
+        return read_catalog(self.catalog_file).services
 
     def publishes(self, event_type: str) -> bool:
         return any(fnmatchcase(event_type, pattern) for pattern in self.events)
@@ -113,9 +127,9 @@ class Topology:
         prefix = f"{self.namespace}.partition."
         if queue and queue.startswith(prefix) and queue[len(prefix) :].isdigit():
             return "partition", int(queue[len(prefix) :])
-        for service in self.services:
-            if queue == self.action_queue(service):
-                return "action", service
+        actions = f"{self.namespace}.action."
+        if queue and queue.startswith(actions) and len(queue) > len(actions):
+            return "action", queue[len(actions) :]
         return "other", None
 
     def all_exchanges(self) -> list[str]:
@@ -141,6 +155,18 @@ class Topology:
         if single_active:
             args["x-single-active-consumer"] = True
         return args
+
+    def bindings(self) -> list[tuple[str, str, str]]:
+        """Every (exchange, routing key, queue) binding of the work queues: what ``declare``
+        binds, and what the in-memory bus routes by."""
+        commands, partitions = self.commands_exchange, self.partitions_exchange
+        out = [(commands, key, self.intake_queue) for key in ("saga.*", "dlq.*")]
+        for index in range(self.partitions):
+            queue = self.partition_queue(index)
+            out += [(partitions, str(index), queue), (commands, f"saga.*.{index}", queue)]
+        out += [(self.actions_exchange, s, self.action_queue(s)) for s in self.services]
+        out.append((self.dead_letter_exchange, "#", self.dead_letter_queue))
+        return out
 
     async def declare(self, channel: AbstractChannel) -> None:
         commands = await channel.declare_exchange(
@@ -172,7 +198,8 @@ class Topology:
         # under its type and its order's partition (``saga.start.3``), to the partition itself.
         for old in ("#", "saga.#"):  # what earlier versions bound
             await intake.unbind(commands, routing_key=old)
-        for key in ("saga.*", "dlq.*"):
+        bindings = self.bindings()
+        for _, key, _ in (b for b in bindings if b[2] == self.intake_queue):
             await intake.bind(commands, routing_key=key)
 
         for index in range(self.partitions):
@@ -181,8 +208,8 @@ class Topology:
                 durable=True,
                 arguments=self._work_queue_args(single_active=True),
             )
-            await queue.bind(partitions, routing_key=str(index))
-            await queue.bind(commands, routing_key=f"saga.*.{index}")
+            for exchange, key, _ in (b for b in bindings if b[2] == queue.name):
+                await queue.bind(commands if exchange == commands.name else partitions, key)
 
         for service in self.services:
             queue = await channel.declare_queue(

@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
-from uuid import uuid4
+from services.params import Params, Text
+from services.sdk import Call, Result
+from services.simulated import Simulated, new_id, simulated_service
 
-from pydantic import JsonValue
-
-from services.errors import PermanentFailure
-from services.params import require_str
-from services.simulated import SimulatedSystem
-from shared.messages import ActionRequest
+SERVICE = simulated_service("email")
 
 
-def send_email(req: ActionRequest) -> dict[str, JsonValue]:
+class Message(Params):
+    customer_email: Text
+
+
+@SERVICE.action("email.send_customer_email")
+@SERVICE.action("email.send_confirmation")
+async def send_email(call: Call[Message, Simulated]) -> Result:
     """Both e-mail actions: the template is the action's own name."""
-    recipient = require_str(req, "customer_email")
+    recipient = call.params.customer_email
     if "@" not in recipient:
-        raise PermanentFailure(f"{req.action}: {recipient!r} is not an e-mail address")
-    template = req.action.split(".", 1)[1]
-    return {"email_id": f"em-{uuid4().hex}", "recipient": recipient, "template": template}
-
-
-SYSTEM = SimulatedSystem(
-    "email", {"email.send_customer_email": send_email, "email.send_confirmation": send_email}
-)
+        return await call.deps.refuse(
+            call, f"{call.action}: {recipient!r} is not an e-mail address"
+        )
+    template = call.action.split(".", 1)[1]
+    return await call.deps.apply(
+        call, {"email_id": new_id("em"), "recipient": recipient, "template": template}
+    )

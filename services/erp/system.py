@@ -2,40 +2,47 @@
 
 from __future__ import annotations
 
-from uuid import uuid4
-
-from pydantic import JsonValue
-
-from services.compensation import target
-from services.errors import PermanentFailure
-from services.params import require_int, require_str
-from services.simulated import SimulatedSystem
-from shared.messages import ActionRequest
+from services.params import Params, Text
+from services.sdk import Call, Result, Undo
+from services.simulated import Simulated, new_id, simulated_service
 
 CREATE = "erp.create_credit_note"
 VOID = "erp.void_credit_note"
 VALIDATE = "erp.validate_address"
+SERVICE = simulated_service("erp")
 
 
-def create_credit_note(req: ActionRequest) -> dict[str, JsonValue]:
-    amount = require_int(req, "amount_cents")
+class Credit(Params):
+    amount_cents: int
+
+
+class Void(Undo):
+    credit_note_id: str | None = None
+
+
+class Address(Params):
+    address: Text
+
+
+@SERVICE.action(CREATE)
+async def create_credit_note(call: Call[Credit, Simulated]) -> Result:
+    amount = call.params.amount_cents
     if amount <= 0:
-        raise PermanentFailure(f"{CREATE}: amount_cents must be positive, got {amount}")
-    return {"credit_note_id": f"cn-{uuid4().hex}", "amount_cents": amount}
+        return await call.deps.refuse(
+            call, f"{CREATE}: amount_cents must be positive, got {amount}"
+        )
+    return await call.deps.apply(call, {"credit_note_id": new_id("cn"), "amount_cents": amount})
 
 
-def void_credit_note(req: ActionRequest) -> dict[str, JsonValue]:
-    return target(req, "credit_note_id")
+@SERVICE.compensation(VOID)
+async def void_credit_note(call: Call[Void, Simulated]) -> Result:
+    return await call.deps.apply(call, call.params.target("credit_note_id"))
 
 
-def validate_address(req: ActionRequest) -> dict[str, JsonValue]:
+@SERVICE.action(VALIDATE)
+async def validate_address(call: Call[Address, Simulated]) -> Result:
     """Read-only: the answer is computed here and stored under the key like any other."""
-    normalized = " ".join(require_str(req, "address").split())
+    normalized = " ".join(call.params.address.split())
     if "closed" in normalized.casefold():
-        raise PermanentFailure(f"address {normalized!r} is a closed depot")
-    return {"valid": True, "address": normalized}
-
-
-SYSTEM = SimulatedSystem(
-    "erp", {CREATE: create_credit_note, VOID: void_credit_note, VALIDATE: validate_address}
-)
+        return await call.deps.refuse(call, f"address {normalized!r} is a closed depot")
+    return await call.deps.apply(call, {"valid": True, "address": normalized})

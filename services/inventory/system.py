@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
-from uuid import uuid4
-
-from pydantic import JsonValue
-
-from services.compensation import target
-from services.errors import PermanentFailure
-from services.params import require_int, require_str
-from services.simulated import SimulatedSystem
-from shared.messages import ActionRequest
+from services.params import Params, Text
+from services.sdk import Call, Result, Undo
+from services.simulated import Simulated, new_id, simulated_service
 
 RESERVE = "inventory.reserve_stock"
 RELEASE = "inventory.release_stock"
+SERVICE = simulated_service("inventory")
 
 
-def reserve_stock(req: ActionRequest) -> dict[str, JsonValue]:
-    sku = require_str(req, "sku")
-    quantity = require_int(req, "quantity")
+class Reserve(Params):
+    sku: Text
+    quantity: int
+
+
+class Release(Undo):
+    reservation_id: str | None = None
+
+
+@SERVICE.action(RESERVE)
+async def reserve_stock(call: Call[Reserve, Simulated]) -> Result:
+    sku, quantity = call.params.sku, call.params.quantity
     if quantity <= 0:
-        raise PermanentFailure(f"{RESERVE}: quantity must be positive, got {quantity}")
-    return {"reservation_id": f"res-{uuid4().hex}", "sku": sku, "quantity": quantity}
+        return await call.deps.refuse(call, f"{RESERVE}: quantity must be positive, got {quantity}")
+    return await call.deps.apply(
+        call, {"reservation_id": new_id("res"), "sku": sku, "quantity": quantity}
+    )
 
 
-def release_stock(req: ActionRequest) -> dict[str, JsonValue]:
-    return target(req, "reservation_id")
-
-
-SYSTEM = SimulatedSystem("inventory", {RESERVE: reserve_stock, RELEASE: release_stock})
+@SERVICE.compensation(RELEASE)
+async def release_stock(call: Call[Release, Simulated]) -> Result:
+    return await call.deps.apply(call, call.params.target("reservation_id"))

@@ -2,34 +2,49 @@
 
 from __future__ import annotations
 
-from uuid import uuid4
-
-from pydantic import JsonValue
-
-from services.compensation import target
-from services.errors import PermanentFailure
-from services.params import require_int, require_str
-from services.simulated import SimulatedSystem
-from shared.messages import ActionRequest
+from services.params import Params, Text
+from services.sdk import Call, Result, Undo
+from services.simulated import Simulated, new_id, simulated_service
 
 CHARGE = "payments.charge_card"
 REFUND = "payments.refund_charge"
 # Like Stripe's test cards: lets users rehearse a declined payment without a fault.
 DECLINED_TOKEN_PREFIX = "tok_declined"  # noqa: S105 - a test-card prefix, not a secret
+SERVICE = simulated_service("payments")
 
 
-def charge_card(req: ActionRequest) -> dict[str, JsonValue]:
-    amount = require_int(req, "amount_cents")
-    token = require_str(req, "card_token")
-    if amount <= 0:
-        raise PermanentFailure(f"{CHARGE}: amount_cents must be positive, got {amount}")
-    if token.startswith(DECLINED_TOKEN_PREFIX):
-        raise PermanentFailure(f"card {token} was declined")
-    return {"payment_id": f"pay-{uuid4().hex}", "amount_cents": amount, "card_token": token}
+class Charge(Params):
+    amount_cents: int
+    card_token: Text
 
 
-def refund_charge(req: ActionRequest) -> dict[str, JsonValue]:
-    return {**target(req, "payment_id"), "refund_id": f"re-{uuid4().hex}"}
+class Refund(Undo):
+    payment_id: str | None = None
 
 
-SYSTEM = SimulatedSystem("payments", {CHARGE: charge_card, REFUND: refund_charge})
+def refusal(charge: Charge) -> str | None:
+    """Why a charge is refused before it reaches the card network (both payment services)."""
+    if charge.amount_cents <= 0:
+        return f"{CHARGE}: amount_cents must be positive, got {charge.amount_cents}"
+    if charge.card_token.startswith(DECLINED_TOKEN_PREFIX):
+        return f"card {charge.card_token} was declined"
+    return None
+
+
+@SERVICE.action(CHARGE)
+async def charge_card(call: Call[Charge, Simulated]) -> Result:
+    why = refusal(call.params)
+    if why is not None:
+        return await call.deps.refuse(call, why)
+    p = call.params
+    return await call.deps.apply(
+        call,
+        {"payment_id": new_id("pay"), "amount_cents": p.amount_cents, "card_token": p.card_token},
+    )
+
+
+@SERVICE.compensation(REFUND)
+async def refund_charge(call: Call[Refund, Simulated]) -> Result:
+    return await call.deps.apply(
+        call, {**call.params.target("payment_id"), "refund_id": new_id("re")}
+    )

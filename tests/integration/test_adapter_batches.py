@@ -12,9 +12,11 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
 from services.adapter import Adapter
+from services.errors import Permanent, Transient
 from services.faults import add_fault
-from services.registry import system_for
-from services.simulated import Stored
+from services.registry import SYSTEMS
+from services.sdk import batch_scope
+from services.simulated import Simulated
 from services.store import Q
 from shared.bus import Bus
 from shared.catalog import Catalog
@@ -27,7 +29,7 @@ from tests.integration.test_adapter import RESERVE, reserve_request
 
 pytestmark = pytest.mark.integration
 
-INVENTORY = system_for("inventory")
+INVENTORY = SYSTEMS["inventory"]
 
 
 def orders(order_id: str, n: int) -> list[str]:
@@ -53,20 +55,21 @@ async def test_a_batch_is_one_transaction_with_each_call_its_own_verdict(
     a, b, c = orders(order_id, 3)
     await add_fault(pool, RESERVE, b, "transient:1")
     reqs = [reserve_request(a), reserve_request(b), negative(c), reserve_request(a)]
-    async with pool.acquire() as conn:
-        verdicts = await INVENTORY.execute_many(conn, reqs)
+    deps = Simulated("inventory", pool.acquire)
+    async with batch_scope():  # as the adapter calls the functions of one delivery batch
+        verdicts = await asyncio.gather(
+            *(INVENTORY.call(req, deps) for req in reqs), return_exceptions=True
+        )
 
     first, transient, refused, again = verdicts
-    assert isinstance(first, Stored) and first.outcome == "done"
+    assert isinstance(first, dict) and str(first["reservation_id"]).startswith("res-")
     assert again == first  # the duplicate in the same batch gets the stored outcome
-    assert "injected transient fault" in str(transient)
-    assert isinstance(refused, Stored) and refused.outcome == "failed"
-    assert "quantity must be positive" in (refused.error or "")
+    assert isinstance(transient, Transient) and "injected transient fault" in str(transient)
+    assert isinstance(refused, Permanent) and "quantity must be positive" in str(refused)
     assert await transactions_of(pool, [reqs[0].idempotency_key, reqs[2].idempotency_key]) == 1
     # The transient call stored nothing: run alone now, it lands.
-    async with pool.acquire() as conn:
-        alone = await INVENTORY.execute_on(conn, reqs[1])
-    assert alone.outcome == "done"
+    alone = await INVENTORY.call(reqs[1], deps)
+    assert str(alone["reservation_id"]).startswith("res-")
 
 
 async def take(bus: Bus, n: int) -> list[AbstractIncomingMessage]:

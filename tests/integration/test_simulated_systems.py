@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import asyncpg
 import pytest
 from pydantic import JsonValue
 
 from services.effects import effects_for_order, render_effects
-from services.errors import TransientFailure
+from services.errors import Permanent, Transient
 from services.faults import add_fault, clear_faults, list_faults, parse_mode
-from services.registry import SYSTEMS, system_for
-from services.simulated import Stored
+from services.registry import SYSTEMS
+from services.simulated import Simulated
 from shared.messages import ActionRequest, Phase
 
 pytestmark = pytest.mark.integration
@@ -40,8 +41,30 @@ def request(
     )
 
 
+@dataclass(frozen=True)
+class Stored:
+    """What the system answered for one call (a transient fault is raised)."""
+
+    outcome: Literal["done", "failed"]
+    result: dict[str, JsonValue] | None = None
+    error: str | None = None
+
+    @classmethod
+    def done(cls, result: dict[str, JsonValue]) -> Stored:
+        return cls("done", result)
+
+    @classmethod
+    def failed(cls, error: str) -> Stored:
+        return cls("failed", error=error)
+
+
 async def execute(pool: asyncpg.Pool, req: ActionRequest) -> Stored:
-    return await system_for(req.action.split(".")[0]).execute(pool, req)
+    """One call of the built-in service's function, as its adapter makes it."""
+    service = SYSTEMS[req.action.split(".")[0]]
+    try:
+        return Stored.done(await service.call(req, Simulated(service.name, pool.acquire)))
+    except Permanent as exc:
+        return Stored.failed(str(exc))
 
 
 async def applied(pool: asyncpg.Pool, order_id: str) -> list[dict[str, Any]]:
@@ -104,7 +127,7 @@ async def test_transient_fault_fails_n_times_then_succeeds(
     await add_fault(pool, "inventory.reserve_stock", order_id, "transient:2")
     req = request(order_id, "inventory.reserve_stock", RESERVE)
     for _ in range(2):
-        with pytest.raises(TransientFailure, match="injected transient fault"):
+        with pytest.raises(Transient, match="injected transient fault"):
             await execute(pool, req)
     result = await execute(pool, req)
 
@@ -136,13 +159,12 @@ async def test_key_reused_for_another_action_is_refused(pool: asyncpg.Pool, orde
     assert "first used for inventory.reserve_stock" in other.error
 
 
-async def test_unknown_action_is_stored_as_failed(pool: asyncpg.Pool, order_id: str) -> None:
-    req = request(order_id, "inventory.teleport_stock", {})
-    result = await SYSTEMS["inventory"].execute(pool, req)
+async def test_unknown_action_fails_permanently(pool: asyncpg.Pool, order_id: str) -> None:
+    result = await execute(pool, request(order_id, "inventory.teleport_stock", {}))
 
     assert result.outcome == "failed"
     assert result.error is not None
-    assert "has no action 'inventory.teleport_stock'" in result.error
+    assert "has no function for 'inventory.teleport_stock'" in result.error
 
 
 # --- compensations -------------------------------------------------------------------------------
@@ -359,7 +381,9 @@ async def test_declined_card_and_bad_params_fail_permanently(
     )
 
     assert declined == Stored.failed("card tok_declined was declined")
-    assert wrong_type.error == "inventory.reserve_stock: parameter 'quantity' must be an integer"
+    assert wrong_type.error == (
+        "inventory.reserve_stock: invalid parameters: quantity: Input should be a valid integer"
+    )
 
 
 # --- faults and effects listing ------------------------------------------------------------------

@@ -69,8 +69,8 @@ def test_topic_permissions_limit_an_agent_to_its_three_commands() -> None:
 
 def test_every_role_has_its_own_user_and_people_are_listed() -> None:
     users = [g.user for g in grants(SETTINGS)]
-    assert users == ["saga-coordinator", "saga-inventory", "saga-erp", "saga-payments",
-                     "saga-email", "saga-ops", "saga-console", "saga-agent", "ana"]  # fmt: skip
+    assert users == ["saga-coordinator", "saga-email", "saga-erp", "saga-inventory",
+                     "saga-payments", "saga-ops", "saga-console", "saga-agent", "ana"]  # fmt: skip
 
 
 def test_definitions_carry_rabbitmq_sha256_hashes_never_the_passwords() -> None:

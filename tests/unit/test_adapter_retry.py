@@ -7,15 +7,15 @@ from typing import Literal
 
 import pytest
 
-from services.errors import TransientFailure
+from services.errors import Permanent, Transient
 from services.outcome import (
     MAX_REASON,
     OUTCOME_NAMESPACE,
+    Done,
     build_outcome,
     effect_unknown,
     outcome_message_id,
 )
-from services.simulated import Stored
 from shared.messages import ActionDone, ActionFailed, ActionRequest
 
 
@@ -50,15 +50,17 @@ def test_outcome_id_changes_with_key_outcome_and_attempt(
     assert outcome_message_id(key, outcome, attempt) != outcome_message_id("k", "done", 1)
 
 
-def test_effect_unknown_only_when_transient_retries_ran_out() -> None:
-    assert effect_unknown(TransientFailure("timed out")) is True
-    assert effect_unknown(Stored.failed("card declined")) is False
-    assert effect_unknown(Stored.done({"x": 1})) is False
+def test_effect_unknown_is_what_the_error_says_may_have_landed() -> None:
+    assert effect_unknown(Transient("timed out")) is True
+    assert effect_unknown(Transient("connection refused", may_have_landed=False)) is False
+    assert effect_unknown(Permanent("card declined")) is False
+    assert effect_unknown(Permanent("answered without an id", may_have_landed=True)) is True
+    assert effect_unknown(Done({"x": 1})) is False
 
 
 def test_done_outcome_echoes_the_request() -> None:
     req = make_request(attempt=3)
-    out = build_outcome(req, Stored.done({"reservation_id": "res-1"}), tries=2)
+    out = build_outcome(req, Done({"reservation_id": "res-1"}), tries=2)
 
     assert isinstance(out, ActionDone)
     assert out.result == {"reservation_id": "res-1"}
@@ -71,7 +73,7 @@ def test_done_outcome_echoes_the_request() -> None:
 
 def test_stored_failure_is_certain() -> None:
     req = make_request()
-    out = build_outcome(req, Stored.failed("quantity must be positive"), tries=1)
+    out = build_outcome(req, Permanent("quantity must be positive"), tries=1)
 
     assert isinstance(out, ActionFailed)
     assert out.effect_unknown is False
@@ -80,7 +82,7 @@ def test_stored_failure_is_certain() -> None:
 
 
 def test_exhausted_retries_may_have_landed() -> None:
-    out = build_outcome(make_request(), TransientFailure("no answer within 5s"), tries=4)
+    out = build_outcome(make_request(), Transient("no answer within 5s"), tries=4)
 
     assert isinstance(out, ActionFailed)
     assert out.effect_unknown is True
@@ -89,7 +91,7 @@ def test_exhausted_retries_may_have_landed() -> None:
 
 
 def test_long_reason_is_cut_to_fit_the_message() -> None:
-    out = build_outcome(make_request(), Stored.failed("x" * 10_000), tries=1)
+    out = build_outcome(make_request(), Permanent("x" * 10_000), tries=1)
 
     assert isinstance(out, ActionFailed)
     assert len(out.reason) == MAX_REASON
@@ -97,7 +99,7 @@ def test_long_reason_is_cut_to_fit_the_message() -> None:
 
 def test_redelivered_request_gives_an_identical_outcome_id() -> None:
     # The timestamp differs between the two, the id must not: the coordinator dedupes by id.
-    verdict = Stored.done({"reservation_id": "res-1"})
+    verdict = Done({"reservation_id": "res-1"})
     first = build_outcome(make_request(), verdict, tries=1)
     again = build_outcome(make_request(), verdict, tries=1)
 

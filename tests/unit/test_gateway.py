@@ -14,6 +14,7 @@ from pydantic import JsonValue
 from shared.catalog import ActionClass, Catalog
 from shared.errors import CatalogError, PlanRejected
 from shared.gateway import admit, check_catalog, check_plan, load_catalog, validate_params
+from shared.topology import Topology
 from tests.unit.factories import (
     CATALOG_FILE,
     REFUND_PARAMS,
@@ -146,13 +147,16 @@ def test_an_action_that_cannot_be_undone_naming_a_compensation_is_refused(
     assert (exc.rule, exc.step) == ("compensation_unexpected", 0)
 
 
-def test_action_of_a_service_without_adapter_is_refused() -> None:
+def test_a_service_of_ones_own_is_declared_by_the_catalog(tmp_path: Path) -> None:
     catalog = catalog_with(fax__send=irreversible())
+    check_plan(catalog, ["inventory.hold", "fax.send"])
+    path = tmp_path / "catalog.toml"
+    path.write_text('[actions."fax.send"]\nclass = "irreversible"\n', encoding="utf-8")
 
-    exc = refusal(catalog, ["inventory.hold", "fax.send"])
-
-    assert (exc.rule, exc.step) == ("unknown_service", 1)
-    assert "fax" in str(exc)
+    assert "fax" in catalog.services
+    topology = Topology("t", 2, 5, catalog_file=path)
+    assert topology.services == ("fax",)
+    assert topology.kind_of(topology.action_queue("fax")) == ("action", "fax")
 
 
 def test_unknown_action_is_refused() -> None:

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from services.outcome import build_outcome, unfit_result
-from services.simulated import Stored
+from services.errors import Permanent
+from services.outcome import Done, build_outcome, unfit_result
 from shared.catalog import INT_MAX, Catalog
 from shared.errors import PlanRejected
 from shared.gateway import validate_params
@@ -132,14 +132,14 @@ def request() -> ActionRequest:
 
 def test_a_result_that_cannot_travel_is_reported_as_a_failure_that_may_have_landed() -> None:
     assert unfit_result({"reservation_id": "r-1"}) is None
-    sent = build_outcome(request(), Stored.done({"reservation_id": "r\x1b[2J"}), tries=1)
+    sent = build_outcome(request(), Done({"reservation_id": "r\x1b[2J"}), tries=1)
 
     assert isinstance(sent, ActionFailed) and sent.effect_unknown
     assert "cannot be carried" in sent.reason
-    assert isinstance(build_outcome(request(), Stored.done({"reservation_id": "r"}), 1), ActionDone)
+    assert isinstance(build_outcome(request(), Done({"reservation_id": "r"}), 1), ActionDone)
 
 
 def test_a_systems_error_text_is_cleaned_before_it_travels() -> None:
-    sent = build_outcome(request(), Stored.failed("no\x00stock\ud800"), tries=1)
+    sent = build_outcome(request(), Permanent("no\x00stock\ud800"), tries=1)
 
     assert isinstance(sent, ActionFailed) and sent.reason == "no\\x00stock\ufffd"

@@ -1,0 +1,93 @@
+"""A service of one's own, as a user adds it: `saga new adapter`, its generated test, and the
+generated package run beside the coordinator on the real broker and database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from saga_coordinator.app import Stack
+from shared.bus import Bus
+from shared.client import SagaClient
+from shared.config import Settings
+from shared.errors import ConfigError
+from tests.integration.helpers import remove_namespace
+from tests.integration.test_cli import saga
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def scaffolded(tmp_path: Path, settings: Settings) -> Iterator[Path]:
+    code, out, err = asyncio.run(_new(settings, tmp_path))
+    assert code == 0, err
+    assert json.loads(out)["files"][1].endswith("warehouse/service.py")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield tmp_path / "warehouse"
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m == "warehouse" or m.startswith("warehouse.")]:
+            del sys.modules[name]
+
+
+async def _new(settings: Settings, into: Path) -> tuple[int, str, str]:
+    return await saga(settings, "new", "adapter", "warehouse", "--dir", str(into), "--json")
+
+
+def test_the_generated_test_passes_and_the_code_is_lint_clean(scaffolded: Path) -> None:
+    env = {"PYTHONPATH": str(scaffolded.parent), "PATH": str(Path(sys.executable).parent)}
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(scaffolded)],
+        capture_output=True, text=True, env=env, cwd=scaffolded.parent, check=False,
+    )  # fmt: skip
+    lint = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", str(scaffolded)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "3 passed" in ran.stdout
+    assert lint.returncode == 0, lint.stdout
+
+
+async def test_scaffolding_twice_refuses_to_overwrite(settings: Settings, tmp_path: Path) -> None:
+    assert (await _new(settings, tmp_path))[0] == 0
+    code, _, err = await _new(settings, tmp_path)
+
+    assert code != 0
+    assert "already exists" in err and "Traceback" not in err
+
+
+async def test_the_new_service_runs_a_saga_beside_the_coordinator(
+    scaffolded: Path, settings: Settings
+) -> None:
+    own = settings.with_(catalog_path=str(scaffolded / "catalog.toml"))
+    try:
+        async with Stack(own, ["coordinator", "warehouse.service:SERVICE"]) as stack:
+            assert own.namespace + ".action.warehouse" in stack.bus.topology.all_queues()
+            async with Bus(own) as bus, SagaClient(bus, reply_timeout_s=20) as agent:
+                saga_id = await agent.start(
+                    "warehouse_demo", order_id="o-wh-1", params={"label": "crate"}
+                )
+                outcome = await agent.wait(saga_id, seconds=30)
+            state = await stack.store.get(saga_id)
+    finally:
+        await remove_namespace(own)
+
+    assert outcome.status == "completed"
+    assert state is not None
+    assert str(state.steps[0].result["thing_id"]).startswith("thing-")  # type: ignore[index]
+
+
+def test_two_components_serving_one_service_are_refused(settings: Settings) -> None:
+    with pytest.raises(ConfigError, match="both serve 'payments'"):
+        Stack(settings, ["coordinator", "payments", "payments-http"])
+    with pytest.raises(ConfigError, match="unknown service 'warehouse'"):
+        Stack(settings, ["warehouse"])
