@@ -157,7 +157,7 @@ async def _start_processes(
     procs = []
     for name, own, components in groups:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "saga_coordinator.cli", "run", *components, env=env | own,
+            sys.executable, "-m", "saga_app.cli", "run", *components, env=env | own,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         procs.append((name, proc))

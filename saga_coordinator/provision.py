@@ -26,6 +26,7 @@ from shared.config import Settings
 from shared.identity import COMPONENT_ROLES, Directory, db_role, with_credentials
 from shared.migrations import migrate
 from shared.sql import Queries
+from shared.topology import SERVICES, Topology
 
 Q = Queries(Path(__file__).with_name("setup.sql"))
 DB_ROLES: tuple[str, ...] = (*(r for r in COMPONENT_ROLES if r not in ("ops", "console")),
@@ -90,15 +91,25 @@ def _database_name(url: str) -> str:
 
 
 def database_passwords(settings: Settings) -> dict[str, str]:
-    names = [db_role(settings, role) for role in ("owner", *DB_ROLES)]
+    names = [db_role(settings, role) for role in ("owner", *db_roles(settings))]
     return ensure_passwords(_secrets(settings), "postgres", names)
+
+
+def own_services(settings: Settings) -> list[str]:
+    """The catalog's services other than the four built-in ones."""
+    return [s for s in Topology.from_settings(settings).services if s not in SERVICES]
+
+
+def db_roles(settings: Settings) -> tuple[str, ...]:
+    """Every Postgres role but the owner: the built-in ones and one per service of one's own."""
+    return (*DB_ROLES, *own_services(settings))
 
 
 async def setup_database(
     settings: Settings, admin_url: str, passwords: dict[str, str], report: Report
 ) -> None:
     """Roles, the database owned by the owner role, migrations run as the owner, then grants."""
-    names = {role: db_role(settings, role) for role in ("owner", *DB_ROLES)}
+    names = {role: db_role(settings, role) for role in ("owner", *db_roles(settings))}
     database = _database_name(settings.database_url)
     admin = await asyncpg.connect(urlunsplit(urlsplit(admin_url)._replace(path="/postgres")))
     try:
@@ -124,6 +135,9 @@ async def setup_database(
     admin = await asyncpg.connect(in_db)
     try:
         await admin.execute(Q.grant_roles, settings.user_prefix.replace("-", "_"))
+        for service in own_services(settings):  # what a service's adapter itself writes
+            for statement in await admin.fetch(Q.service_grants, names[service]):
+                await admin.execute(statement[0])
     finally:
         await admin.close()
     report.database_roles = list(names.values())

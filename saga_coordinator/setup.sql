@@ -43,3 +43,12 @@ WHERE n.nspname = 'public' AND pg_get_userbyid(p.proowner) <> $1;
 
 -- name: grant_roles
 SELECT saga_grant_roles($1);
+
+-- name: service_grants
+-- A service of one's own: its failed attempts, kept for the dead letters; nothing of the
+-- simulated systems' tables, nothing of the coordinator's.
+SELECT format('GRANT SELECT, INSERT, UPDATE ON delivery_failures TO %I', $1::text)
+UNION ALL
+SELECT format('GRANT SELECT ON schema_migrations TO %I', $1::text)
+UNION ALL
+SELECT format('GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO %I', $1::text);

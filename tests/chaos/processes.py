@@ -104,7 +104,7 @@ class Supervisor:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "saga_coordinator.cli",
+                "saga_app.cli",
                 "run",
                 self.components[name],
                 env=dict(self.env),

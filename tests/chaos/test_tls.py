@@ -12,8 +12,8 @@ import aiormq
 import asyncpg
 import pytest
 
+from saga_app.stack import Stack
 from saga_coordinator.access import definitions, ensure_passwords, grants
-from saga_coordinator.app import Stack
 from saga_coordinator.provision import Report, database_passwords, declare_topology, setup_database
 from saga_coordinator.tls import make_development_ca
 from shared.bus import Bus

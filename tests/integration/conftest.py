@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.client import SagaClient

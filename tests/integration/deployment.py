@@ -16,9 +16,9 @@ import asyncpg
 
 from saga_coordinator.access import grants
 from saga_coordinator.provision import (
-    DB_ROLES,
     Report,
     database_passwords,
+    db_roles,
     declare_topology,
     setup_broker,
     setup_database,
@@ -75,7 +75,7 @@ class Deployment:
         await asyncio.to_thread(_rabbitmqctl, "delete_vhost", self.vhost)
         for user in users:
             await asyncio.to_thread(_rabbitmqctl, "delete_user", user)
-        roles = [db_role(self.settings, r) for r in ("owner", *DB_ROLES)]
+        roles = [db_role(self.settings, r) for r in ("owner", *db_roles(self.settings))]
         conn = await asyncpg.connect(self.admin_database_url)
         try:
             admin = await conn.fetchval("SELECT current_user")

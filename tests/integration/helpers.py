@@ -14,7 +14,7 @@ import aiormq
 import asyncpg
 from pydantic import JsonValue
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
 from shared.bus import Bus
 from shared.config import Settings

@@ -11,7 +11,7 @@ import aio_pika
 import asyncpg
 import pytest
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from shared.bus import Bus
 from shared.client import CommandRejected, SagaClient
 from shared.config import Settings

@@ -10,7 +10,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from shared.bus import Bus
 from shared.config import Settings
 from tests.integration.helpers import (
@@ -28,7 +28,7 @@ async def saga(settings: Settings, *args: str, stdin: bytes = b"") -> tuple[int,
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "saga_coordinator.cli",
+        "saga_app.cli",
         *args,
         env=env,
         stdin=asyncio.subprocess.PIPE,
@@ -226,7 +226,7 @@ async def test_watch_streams_the_lifecycle_of_an_order(settings: Settings, order
 
 async def _watch_an_order(settings: Settings, order_id: str) -> None:
     watcher = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "saga_coordinator.cli", "watch", "--order", order_id, "--json",
+        sys.executable, "-m", "saga_app.cli", "watch", "--order", order_id, "--json",
         env=saga_env(settings), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert watcher.stderr is not None and watcher.stdout is not None

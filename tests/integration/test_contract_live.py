@@ -10,7 +10,7 @@ import asyncpg
 import jsonschema
 from aio_pika.abc import AbstractIncomingMessage
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from services.faults import add_fault
 from shared.client import SagaClient
 from shared.contract import ADAPTER, COMMANDS

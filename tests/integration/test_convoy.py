@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
 from shared.bus import Bus
 from shared.client import SagaClient
@@ -44,7 +44,7 @@ async def two_coordinators(
             await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "saga_coordinator.cli",
+                "saga_app.cli",
                 "run",
                 "coordinator",
                 env=env,

@@ -15,7 +15,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from shared.bus import Bus
 from shared.config import Settings
 from shared.crashpoints import CRASH_EXIT
@@ -45,7 +45,7 @@ class Processes:
             env["SAGA_CRASH_POINT"] = crash_at
         log = (self.logs / f"{component}-{len(self.running)}.log").open("wb")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "saga_coordinator.cli", "run", component,
+            sys.executable, "-m", "saga_app.cli", "run", component,
             env=env, stdout=log, stderr=log,
         )  # fmt: skip
         self.running.append(proc)

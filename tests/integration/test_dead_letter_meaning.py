@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.intake import Intake
 from saga_coordinator.processor import Processor

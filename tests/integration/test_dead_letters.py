@@ -13,7 +13,7 @@ import aio_pika
 import asyncpg
 import pytest
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.processor import Processor
 from saga_coordinator.store import Claim, Tx

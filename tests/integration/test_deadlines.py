@@ -8,7 +8,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
 from shared.bus import Bus
 from shared.client import SagaClient

@@ -6,7 +6,7 @@ import asyncpg
 import pytest
 from pydantic import JsonValue, ValidationError
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from services.faults import add_fault
 from shared.client import CommandRejected, SagaClient
 from shared.messages import Gate, Plan, PlanStep

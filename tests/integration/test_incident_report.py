@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 from pydantic import JsonValue
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from saga_coordinator.incident import incident, render_markdown
 from shared.bus import Bus
 from shared.client import SagaClient

@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from shared.config import Settings
 from tests.integration.helpers import REFUND, saga_env
 from tests.integration.test_gates_and_abort import CHECKOUT
@@ -32,7 +32,7 @@ async def connected(settings: Settings) -> AsyncIterator[Client]:
     """`saga mcp` started by the client, as an MCP host would. (Not a fixture: the SDK's task
     group must be entered and left in the same task.)"""
     server = StdioServerParameters(
-        command=sys.executable, args=["-m", "saga_coordinator.cli", "mcp"], env=saga_env(settings)
+        command=sys.executable, args=["-m", "saga_app.cli", "mcp"], env=saga_env(settings)
     )
     async with Client(server, read_timeout_seconds=60) as client:
         yield client
@@ -130,7 +130,7 @@ def free_port() -> int:
 async def test_streamable_http_serves_the_same_tools(stack: Stack, settings: Settings) -> None:
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "saga_coordinator.cli", "mcp", "--transport", "streamable-http",
+        sys.executable, "-m", "saga_app.cli", "mcp", "--transport", "streamable-http",
         "--bind", f"127.0.0.1:{port}", env=saga_env(settings),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
@@ -156,7 +156,7 @@ async def test_an_unreachable_system_is_a_clear_error_not_a_dead_session(
 ) -> None:
     env = {**saga_env(settings), "SAGA_NAMESPACE": "nosuchsystem"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "saga_coordinator.cli", "mcp", env=env,
+        sys.executable, "-m", "saga_app.cli", "mcp", env=env,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

@@ -6,7 +6,7 @@ import asyncio
 
 import asyncpg
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from services.faults import add_fault, clear_faults
 from shared.bus import Bus
 from shared.client import SagaClient

@@ -9,14 +9,20 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import pytest
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
+from saga_coordinator.access import grants
 from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
 from shared.errors import ConfigError
+from shared.identity import db_role
+from tests.conftest import AMQP_URL
+from tests.integration.deployment import Deployment
 from tests.integration.helpers import remove_namespace
 from tests.integration.test_cli import saga
 
@@ -91,3 +97,60 @@ def test_two_components_serving_one_service_are_refused(settings: Settings) -> N
         Stack(settings, ["coordinator", "payments", "payments-http"])
     with pytest.raises(ConfigError, match="unknown service 'warehouse'"):
         Stack(settings, ["warehouse"])
+
+
+async def test_the_new_service_runs_on_its_own_accounts_in_roles_mode(
+    scaffolded: Path, database_url: str, run_id: str
+) -> None:
+    """`saga setup` gives a service of one's own a broker user reading only its queue and a
+    Postgres role writing only its failed attempts; the saga runs with every part on its own."""
+    own_db = urlunsplit(urlsplit(database_url)._replace(path=f"/saga_test_{run_id}_own"))
+    base = Settings(
+        amqp_url=AMQP_URL, database_url=own_db, partitions=2, watchdog_s=0.3,
+        catalog_path=str(scaffolded / "catalog.toml"),
+    )  # fmt: skip
+    made = Deployment(base, f"{run_id}w")
+    await made.create()
+    try:
+        settings = made.settings.with_(relay_poll_s=0.2)
+        parts = ["coordinator", "warehouse.service:SERVICE"]
+        agent_bus = Bus(settings, user=made.user("agent"))
+        async with (
+            Stack(settings, parts),
+            agent_bus,
+            SagaClient(agent_bus, reply_timeout_s=20) as agent,
+        ):
+            saga_id = await agent.start(
+                "warehouse_demo", order_id="o-wh-2", params={"label": "crate"}
+            )
+            outcome = await agent.wait(saga_id, seconds=30)
+        permitted = {g.user: g for g in grants(settings)}[made.user("warehouse")]
+        admin = await asyncpg.connect(own_db)
+        try:
+            role = db_role(settings, "warehouse")
+            may_write = await admin.fetchval(
+                "SELECT has_table_privilege($1, 'delivery_failures', 'INSERT')", role
+            )
+            may_touch_sagas = await admin.fetchval(
+                "SELECT has_table_privilege($1, 'sagas', 'SELECT')", role
+            )
+        finally:
+            await admin.close()
+    finally:
+        await _drop(made, own_db)
+
+    assert outcome.status == "completed"
+    assert permitted.read == rf"^{settings.namespace}\.action\.warehouse$"
+    assert (may_write, may_touch_sagas) == (True, False)
+
+
+async def _drop(made: Deployment, database_url: str) -> None:
+    name = urlsplit(database_url).path.lstrip("/")
+    server = urlunsplit(urlsplit(database_url)._replace(path="/postgres"))
+    conn = await asyncpg.connect(server)
+    try:  # the deployment's owner role owns the database: hand it back before the roles go
+        await conn.execute(f'ALTER DATABASE "{name}" OWNER TO CURRENT_USER')
+        await made.remove()
+        await conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()

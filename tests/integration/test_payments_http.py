@@ -18,7 +18,7 @@ import httpx
 import pytest
 from pydantic import JsonValue
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from services.adapter import Adapter
 from services.payments.system import CHARGE, REFUND
 from shared.bus import Bus
@@ -182,7 +182,7 @@ async def api_process(settings: Settings) -> AsyncIterator[asyncio.subprocess.Pr
     """`saga run payments-api` as its own process, ready when it answers /healthz."""
     env = {**saga_env(settings), "SAGA_PAYMENTS_API_BIND": settings.payments_api_bind}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "saga_coordinator.cli", "run", "payments-api", env=env,
+        sys.executable, "-m", "saga_app.cli", "run", "payments-api", env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:

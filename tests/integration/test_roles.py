@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 from aio_pika.abc import AbstractChannel
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from saga_coordinator.incident import render_markdown
 from services.faults import add_fault
 from shared.bus import Bus

@@ -10,7 +10,7 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import JsonValue
 
-from saga_coordinator.app import Stack
+from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
 from services.effects import effects_for_order
 from services.faults import add_fault, clear_faults

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from saga_coordinator.mcp_tools import agent_bus
+from saga_app.mcp_tools import agent_bus
 from shared.config import Settings
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, JsonValue
 
-from saga_coordinator.testkit import SagaKit
+from saga_app.testkit import SagaKit
 from services.sdk import Call, Resources, Result, Service, Undo
 from shared.catalog import Catalog, read_catalog
 from shared.client import CommandRejected

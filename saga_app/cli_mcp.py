@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 from aiormq.exceptions import AMQPError
 
-from saga_coordinator.cli_support import run_async, settings_of
-from saga_coordinator.mcp_tools import agent_bus, build_server, connected
+from saga_app.cli_support import run_async, settings_of
+from saga_app.mcp_tools import agent_bus, build_server, connected
 from shared.catalog import Catalog
 from shared.config import Settings
 from shared.gateway import load_catalog

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from saga_coordinator.cli_support import dump, run_async, settings_of, with_pool
+from saga_app.cli_support import dump, run_async, settings_of, with_pool
 from saga_coordinator.report import table
 from services import faults as fault_store
 from services.effects import effects_for_order, render_effects

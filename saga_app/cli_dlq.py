@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from saga_coordinator.cli_support import (
+from saga_app.cli_support import (
     cli_bus,
     dump,
     not_blank,

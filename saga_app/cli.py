@@ -14,9 +14,8 @@ import asyncpg
 import click
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from saga_coordinator.app import Stack
-from saga_coordinator.cli_contract import schema, watch
-from saga_coordinator.cli_decide import (
+from saga_app.cli_contract import schema, watch
+from saga_app.cli_decide import (
     abort,
     approve,
     print_outcome,
@@ -24,12 +23,12 @@ from saga_coordinator.cli_decide import (
     resolve,
     resume,
 )
-from saga_coordinator.cli_dlq import dlq
-from saga_coordinator.cli_mcp import mcp
-from saga_coordinator.cli_new import new
-from saga_coordinator.cli_ops import effects, faults
-from saga_coordinator.cli_setup import setup, tls
-from saga_coordinator.cli_support import (
+from saga_app.cli_dlq import dlq
+from saga_app.cli_mcp import mcp
+from saga_app.cli_new import new
+from saga_app.cli_ops import effects, faults
+from saga_app.cli_setup import setup, tls
+from saga_app.cli_support import (
     EXIT_TIMEOUT,
     cli_bus,
     dump,
@@ -37,7 +36,8 @@ from saga_coordinator.cli_support import (
     settings_of,
     with_store,
 )
-from saga_coordinator.demo import run_demo
+from saga_app.demo import run_demo
+from saga_app.stack import Stack
 from saga_coordinator.incident import incident, render_markdown
 from saga_coordinator.register import SagaState
 from saga_coordinator.report import render_register, table

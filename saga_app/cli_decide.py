@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 import click
 
-from saga_coordinator.cli_support import (
+from saga_app.cli_support import (
     EXIT_TIMEOUT,
     cli_bus,
     dump,

@@ -12,7 +12,7 @@ import click
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import Field, TypeAdapter
 
-from saga_coordinator.cli_support import cli_bus, run_async, settings_of
+from saga_app.cli_support import cli_bus, run_async, settings_of
 from shared.codec import decode
 from shared.config import Settings
 from shared.contract import export

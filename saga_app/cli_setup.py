@@ -10,8 +10,8 @@ from typing import get_args
 
 import click
 
+from saga_app.cli_support import dump, run_async, settings_of
 from saga_coordinator.access import grants
-from saga_coordinator.cli_support import dump, run_async, settings_of
 from saga_coordinator.provision import (
     BrokerMethod,
     Report,
