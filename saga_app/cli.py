@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import sys
 from typing import Any
@@ -29,6 +30,7 @@ from saga_app.cli_new import new
 from saga_app.cli_ops import effects, faults
 from saga_app.cli_setup import setup, tls
 from saga_app.cli_support import (
+    EXIT_STOPPED,
     EXIT_TIMEOUT,
     cli_bus,
     dump,
@@ -70,6 +72,11 @@ from shared.text import clean
 def main(ctx: click.Context, /, **options: Any) -> None:
     """Reversible sagas for AI agents' writes, over RabbitMQ and Postgres."""
     logs.configure(str(options.pop("log_level")))
+    if ctx.invoked_subcommand not in ("run", "mcp"):
+        # A one-shot command that cannot connect says so once and exits; the client
+        # library's own "reconnecting in 5 seconds" lines would only mislead.
+        for noisy in ("aiormq", "aio_pika"):
+            logging.getLogger(noisy).setLevel(logging.CRITICAL)
     options["catalog_path"] = options.pop("catalog")
     try:
         ctx.obj = Settings.from_env(**options)
@@ -238,7 +245,9 @@ def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str
           steps: tuple[str, ...], priority: tuple[str, ...], saga_id: str | None,
           wait_s: float | None, as_json: bool) -> None:  # fmt: skip
     """Publish a start command exactly as an agent would (SAGA, or --step for an ad-hoc plan)."""
-    if (saga is None) == (not steps):
+    if saga is None and not steps:
+        raise click.UsageError("give a saga name, or --step actions for an ad-hoc plan")
+    if saga is not None and steps:
         raise click.UsageError("give a saga name or --step actions, not both")
     plan = (
         Plan(steps=tuple(PlanStep(action=a) for a in steps), compensation_priority=priority)
@@ -262,11 +271,18 @@ def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str
             if wait_s is None:
                 return sid, None
             try:
-                await client.wait(sid, seconds=wait_s)
+                stop = await client.wait(sid, seconds=wait_s, stops=True)
             except TimeoutError:
                 click.echo(f"saga {sid}: no outcome within {wait_s}s", err=True)
                 sys.exit(EXIT_TIMEOUT)
-        return sid, await with_store(settings, lambda s: s.get(sid))
+        state = await with_store(settings, lambda s: s.get(sid))
+        if stop.type == "saga.awaiting_approval":  # nothing more happens without a person
+            print_outcome(sid, state, as_json)
+            click.echo(
+                f"saga {sid} waits at a gate for a decision: saga approve|reject {sid}", err=True
+            )
+            sys.exit(EXIT_STOPPED)
+        return sid, state
 
     sid, state = run_async(work())
     print_outcome(sid, state, as_json)
@@ -286,7 +302,9 @@ def show(ctx: click.Context, saga_id: str | None, order_id: str | None, history:
          fmt: str, as_json: bool) -> None:  # fmt: skip
     """The register of a saga (or of every saga of an order), its incident report, and whether
     its order is blocked."""
-    if (saga_id is None) == (order_id is None):
+    if saga_id is None and order_id is None:
+        raise click.UsageError("give a SAGA_ID, or --order ORDER_ID for an order's sagas")
+    if saga_id is not None and order_id is not None:
         raise click.UsageError("give a SAGA_ID or --order, not both")
     fmt = "json" if as_json else fmt
 

@@ -23,8 +23,11 @@ def faults() -> None:
 def faults_add(ctx: click.Context, action: str, order_id: str, mode: str) -> None:
     try:
         fault_store.parse_mode(mode)
+        fault_store.check_action(action)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--mode") from None
+        raise click.BadParameter(
+            str(exc), param_hint="--mode" if "mode" in str(exc) else "ACTION"
+        ) from None
     run_async(
         with_pool(settings_of(ctx), lambda p: fault_store.add_fault(p, action, order_id, mode))
     )

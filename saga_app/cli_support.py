@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 import click
-from aiormq.exceptions import AMQPError
+from aiormq.exceptions import AMQPConnectionError, AMQPError
 from pydantic import ValidationError
 
 from saga_coordinator.store import Store
@@ -17,13 +17,14 @@ from shared import loop
 from shared.bus import Bus
 from shared.client import CommandRejected
 from shared.codec import describe
-from shared.config import Settings
+from shared.config import Settings, masked
 from shared.errors import SagaError
 from shared.identity import Directory, database_url_for
 
 T = TypeVar("T")
 EXIT_REFUSED = 2
 EXIT_TIMEOUT = 3
+EXIT_STOPPED = 4  # --wait: the saga stopped at a gate, waiting for a person
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -38,8 +39,26 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         raise click.ClickException(describe(exc)) from None
     except TimeoutError:
         raise click.ClickException("no answer in time: is the stack running?") from None
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, AMQPError) as exc:
+    except asyncpg.InvalidCatalogNameError as exc:
+        raise click.ClickException(
+            f"{exc} ({_where('database_url')}): run `saga migrate`, which creates it"
+        ) from None
+    except AMQPConnectionError as exc:
+        raise click.ClickException(f"cannot reach RabbitMQ ({_where('amqp_url')}): {exc}") from None
+    except OSError as exc:  # asyncpg's connection errors are the OS's
+        raise click.ClickException(
+            f"cannot reach Postgres ({_where('database_url')}): {exc}"
+        ) from None
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, AMQPError) as exc:
         raise click.ClickException(f"{type(exc).__name__}: {exc}") from None
+
+
+def _where(setting: str) -> str:
+    """``SAGA_X=url`` (password masked) for the settings of the command running."""
+    ctx = click.get_current_context(silent=True)
+    settings = ctx.find_object(Settings) if ctx is not None else None
+    url = getattr(settings, setting, "") if settings is not None else ""
+    return f"SAGA_{setting.upper()}={masked(url)}"
 
 
 def settings_of(ctx: click.Context) -> Settings:

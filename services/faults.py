@@ -33,10 +33,15 @@ def parse_mode(text: str) -> tuple[str, int | None]:
     raise ValueError(f"fault mode {text!r}: use 'permanent' or 'transient:N' (N = 1..1000)")
 
 
-async def add_fault(pool: asyncpg.Pool, action: str, order_id: str, mode: str) -> None:
-    """Inject a fault, replacing any fault already set on this action and order."""
+def check_action(action: str) -> None:
+    """Faults apply to the simulated systems' actions: ValueError naming them otherwise."""
     if action not in all_actions():
         raise ValueError(f"unknown action {action!r} (known: {', '.join(all_actions())})")
+
+
+async def add_fault(pool: asyncpg.Pool, action: str, order_id: str, mode: str) -> None:
+    """Inject a fault, replacing any fault already set on this action and order."""
+    check_action(action)
     if not order_id:
         raise ValueError("order_id must not be empty")
     kind, remaining = parse_mode(mode)

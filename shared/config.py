@@ -168,7 +168,8 @@ class Settings:
         return Path(__file__).with_name("catalog.toml")
 
 
-def _masked(url: str) -> str:
+def masked(url: str) -> str:
+    """The URL with its password replaced by stars, to print."""
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -181,13 +182,11 @@ def _check_url(name: str, url: str, schemes: tuple[str, ...]) -> None:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises on a port that is not a number in range
     except ValueError as exc:
-        raise ConfigError(f"{name} {_masked(url)!r}: {exc}") from None
+        raise ConfigError(f"{name} {masked(url)!r}: {exc}") from None
     if parts.scheme not in schemes:
-        raise ConfigError(
-            f"{name} {_masked(url)!r}: the scheme must be one of {', '.join(schemes)}"
-        )
+        raise ConfigError(f"{name} {masked(url)!r}: the scheme must be one of {', '.join(schemes)}")
     if not parts.hostname and "host=" not in parts.query:
-        raise ConfigError(f"{name} {_masked(url)!r}: no host")
+        raise ConfigError(f"{name} {masked(url)!r}: no host")
 
 
 def _convert(name: str, raw: str, kind: type) -> Any:

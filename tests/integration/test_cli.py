@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from typing import Any
 
 import aio_pika
 import asyncpg
+import pytest
 
 from saga_app.stack import Stack
 from shared.bus import Bus
@@ -253,3 +255,52 @@ async def test_in_roles_mode_the_cli_refuses_to_act_as_an_account_without_a_role
     roles = settings.with_(identity="roles")
     code, _, err = await saga(roles, "start", "refund", "--order", order_id, *PARAMS)
     assert code == 1 and "may send no command here" in err and "SAGA_SECRETS_DIR" in err
+
+
+async def test_start_wait_returns_at_a_gate_with_its_own_exit_code(
+    stack: Stack, settings: Settings, order_id: str
+) -> None:
+    checkout = ("--param", "sku=S-1", "--param", "quantity=1", "--param", "amount_cents=250",
+                "--param", "card_token=tok_1", "--param", "customer_email=c@example.com",
+                "--param", "address=1 Main Street")  # fmt: skip
+    started = time.monotonic()
+    code, out, err = await saga(
+        settings, "start", "checkout_approved", "--order", order_id, *checkout, "--wait", "30"
+    )
+
+    assert code == 4, err
+    assert time.monotonic() - started < 20  # it returned at the gate, not after the 30 s
+    assert "waits at a gate for a decision" in err
+    assert "awaiting_approval" in out
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "said"),
+    [
+        ({"SAGA_AMQP_URL": "amqp://guest:secret@127.0.0.1:1/"}, ("watch",),
+         "cannot reach RabbitMQ (SAGA_AMQP_URL=amqp://guest:******@127.0.0.1:1/)"),
+        ({"SAGA_DATABASE_URL": "postgresql://postgres@127.0.0.1:1/saga"}, ("list",),
+         "cannot reach Postgres (SAGA_DATABASE_URL="),
+        ({"SAGA_DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/saga_none_here"}, ("list",),
+         "run `saga migrate`, which creates it"),
+        ({}, ("faults", "add", "erp.nope", "--order", "X", "--mode", "permanent"),
+         "unknown action 'erp.nope'"),
+        ({}, ("show",), "give a SAGA_ID, or --order ORDER_ID"),
+        ({}, ("start", "--order", "X"), "give a saga name, or --step actions"),
+    ],
+)  # fmt: skip
+async def test_what_cannot_work_is_said_in_one_line_without_a_traceback(
+    settings: Settings, env: dict[str, str], args: tuple[str, ...], said: str
+) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "saga_app.cli", *args,
+        env={**saga_env(settings), **env}, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    text = err.decode()
+
+    assert proc.returncode not in (0, None)
+    assert said in text
+    assert "Traceback" not in text and "Reconnecting" not in text
+    assert "secret" not in text
