@@ -44,7 +44,7 @@ from saga_coordinator.incident import incident, render_markdown
 from saga_coordinator.register import SagaState
 from saga_coordinator.report import render_register, table
 from saga_coordinator.store import Store
-from shared import logs
+from shared import logs, metrics
 from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
@@ -65,13 +65,17 @@ from shared.text import clean
 @click.option("--catalog", envvar="SAGA_CATALOG_PATH", help="Catalog TOML [SAGA_CATALOG_PATH]")
 @click.option("--log-level", envvar="SAGA_LOG_LEVEL", default="INFO", help="[SAGA_LOG_LEVEL]")
 @click.option(
+    "--log-format", envvar="SAGA_LOG_FORMAT", default="text",
+    type=click.Choice(["text", "json"]), help="json: one object per line [SAGA_LOG_FORMAT]",
+)  # fmt: skip
+@click.option(
     "--as", "act_as", envvar="SAGA_ACT_AS",
     help="With SAGA_SECRETS_DIR: the broker account to act as (default: <prefix>ops) [SAGA_ACT_AS]",
 )  # fmt: skip
 @click.pass_context
 def main(ctx: click.Context, /, **options: Any) -> None:
     """Reversible sagas for AI agents' writes, over RabbitMQ and Postgres."""
-    logs.configure(str(options.pop("log_level")))
+    logs.configure(str(options.pop("log_level")), str(options.pop("log_format")))
     if ctx.invoked_subcommand not in ("run", "mcp"):
         # A one-shot command that cannot connect says so once and exits; the client
         # library's own "reconnecting in 5 seconds" lines would only mislead.
@@ -101,6 +105,8 @@ def run(ctx: click.Context, components: tuple[str, ...], demo: bool) -> None:
 
 
 async def _serve(settings: Settings, components: tuple[str, ...], demo: bool) -> None:
+    if settings.metrics_bind != "off":
+        metrics.serve(settings.metrics_bind)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -14,6 +14,7 @@ import asyncpg
 from saga_coordinator.coordinator import Coordinator
 from saga_coordinator.dead_letters import DeadLetterIngester
 from saga_coordinator.desk import DeadLetterDesk
+from saga_coordinator.gauges import keep_gauges
 from saga_coordinator.intake import Intake
 from saga_coordinator.relay import Relay
 from saga_coordinator.store import Store
@@ -163,6 +164,7 @@ class Stack:
             ("relay", self._relay.run()),
             ("dead-letters", DeadLetterIngester(self.settings, bus, store).run()),
             ("deadlines", DeadlineTimer(self.settings, store, bus.topology).run()),
+            ("gauges", keep_gauges(pool, self.settings.metrics_poll_s)),
         ]
 
     @staticmethod

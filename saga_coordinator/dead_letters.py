@@ -27,7 +27,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from pydantic import TypeAdapter
 
 from saga_coordinator.store import OutboxRow, Store, Tx
-from shared import trust
+from shared import logs, metrics, trust
 from shared.bus import Bus
 from shared.codec import COMMANDS, PARTITION, Identity, decode_incoming, identify_incoming
 from shared.config import Settings
@@ -216,8 +216,12 @@ class DeadLetterIngester:
             error = exc
             await self.store.run(lambda tx: self._unstorable(tx, delivery, error))
             return
-        log.warning("dead letter %s: %s %s (%s)", dl_id, letter.message_type,
-                    letter.message_id, letter.reason)  # fmt: skip
+        metrics.DEAD_LETTERS.labels(letter.reason).inc()
+        # The one place a failure's traceback is logged: the consumer that gave up kept it.
+        log.warning("dead letter %s: %s %s (%s): %s", dl_id, letter.message_type,
+                    letter.message_id, letter.reason, letter.error or "no error recorded",
+                    extra=logs.context(message_id=letter.message_id, order_id=letter.order_id,
+                                       saga_id=letter.saga_id, queue=letter.queue))  # fmt: skip
 
     async def _ingest(self, tx: Tx, delivery: AbstractIncomingMessage) -> tuple[int, Letter]:
         headers = dict(delivery.headers or {})

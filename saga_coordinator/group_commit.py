@@ -15,6 +15,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 
+from shared import metrics
 from shared.errors import RetryLater
 from shared.messages import PartitionMessage
 
@@ -64,6 +65,7 @@ class GroupCommit:
 
     async def _run(self, batch: list[tuple[PartitionMessage, asyncio.Future[str]]]) -> None:
         now = datetime.now(UTC)
+        metrics.BATCH_SIZE.observe(len(batch))
         try:
             notes = await self._apply([m for m, _ in batch], now)
         except RetryLater as exc:  # the database is away: every message goes back alike

@@ -21,9 +21,10 @@ from saga_coordinator.ports import Transaction as Tx
 from saga_coordinator.register import SagaState
 from saga_coordinator.store import Claim, OutboxRow
 from saga_coordinator.transition import Reply, Transition
+from shared import metrics
 from shared.catalog import Catalog
 from shared.codec import PARTITION
-from shared.messages import ActionRequest, CommandReply, PartitionMessage
+from shared.messages import ActionRequest, CommandReply, PartitionMessage, SagaEvent
 from shared.topology import Topology
 
 _PARTITION: TypeAdapter[PartitionMessage] = PARTITION
@@ -34,6 +35,8 @@ def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
     to the public topic exchange under their type (those ``SAGA_EVENTS`` chose)."""
     rows = []
     for item in transition.out:
+        if isinstance(item, SagaEvent):
+            _count(item)
         if isinstance(item, Reply):
             rows.append(OutboxRow.of("", item.to, item.message))
         elif isinstance(item, ActionRequest):
@@ -42,6 +45,17 @@ def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
         elif topology.publishes(item.type):
             rows.append(OutboxRow.of(topology.events_exchange, item.type, item))
     return rows
+
+
+FINISHED = frozenset({"saga.completed", "saga.compensated", "saga.resolved", "saga.needs_human"})
+
+
+def _count(event: SagaEvent) -> None:
+    # In the transaction: one retried after a database error counts its events again.
+    if event.type == "saga.started":
+        metrics.SAGAS_STARTED.labels(event.saga).inc()
+    elif event.type in FINISHED:
+        metrics.SAGAS_FINISHED.labels(event.saga, event.status).inc()
 
 
 def parked_reply(message: PartitionMessage, reason: str, now: datetime) -> Transition:

@@ -11,6 +11,15 @@ if [ ! -d tests/contract/node_modules/@asyncapi/parser ]; then
     fi
     npm ci --prefix tests/contract --no-audit --no-fund --loglevel error
 fi
+# promtool (Debian's prometheus package) checks the alert rules in a test.
+if ! command -v promtool > /dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus > /dev/null
+    else
+        echo "scripts/test.sh: the alert-rules test needs promtool (apt-get install prometheus)" >&2
+        exit 1
+    fi
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -34,7 +35,7 @@ from services.errors import Permanent, Transient
 from services.outcome import Done, Verdict, build_outcome
 from services.registry import load_service
 from services.sdk import Resources, Service, batch_scope
-from shared import trust
+from shared import logs, metrics, trust
 from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.codec import decode_incoming, message_to_amqp
@@ -127,6 +128,7 @@ class Adapter:
     ) -> None:
         """One request alone; ``tried``: calls a batch already made for it, which failed
         transiently (the catalog's attempts count them), ``landed`` whether they may have landed."""
+        started = time.monotonic()
         req = self._request(message)
         outcome = await self.perform(req, tried, landed)
         crash_point("adapter.before_publish")
@@ -136,13 +138,14 @@ class Adapter:
         except (AMQPError, ConnectionError, TimeoutError) as exc:
             # Not confirmed: requeue the request; its stored outcome is published next time.
             raise _unconfirmed(req, exc) from exc
-        _log_outcome(req, outcome)
+        _report(req, outcome, started)
 
     async def handle_batch(self, messages: Sequence[AbstractIncomingMessage]) -> list[BatchVerdict]:
         """The requests that arrived together: one statement for their calls, one confirm round
         for their outcomes. A request whose call failed transiently is retried alone (with
         backoff, counting this call); so is every request of a batch whose statement failed,
         so that one bad request fails alone."""
+        started = time.monotonic()
         verdicts: list[BatchVerdict] = [None] * len(messages)
         valid: list[tuple[int, ActionRequest]] = []
         for i, message in enumerate(messages):
@@ -180,7 +183,7 @@ class Adapter:
         for (i, req, outcome), error in zip(reports, sent, strict=True):
             verdicts[i] = None if error is None else _unconfirmed(req, error)
             if error is None:
-                _log_outcome(req, outcome)
+                _report(req, outcome, started)
         return verdicts
 
     async def _call_batch(self, reqs: list[ActionRequest]) -> list[Verdict | Exception]:
@@ -268,7 +271,14 @@ def _unconfirmed(req: ActionRequest, exc: BaseException) -> RetryLater:
     return RetryLater(f"outcome of {req.idempotency_key} not confirmed: {exc!r}")
 
 
-def _log_outcome(req: ActionRequest, outcome: ActionDone | ActionFailed) -> None:
+def _report(req: ActionRequest, outcome: ActionDone | ActionFailed, started: float) -> None:
+    """The outcome, once confirmed: a log line and the metrics."""
+    kind = "done" if isinstance(outcome, ActionDone) else "failed"
+    metrics.STEP_SECONDS.labels(req.action, req.phase, kind).observe(time.monotonic() - started)
+    if req.phase == "compensation":
+        metrics.COMPENSATIONS.labels(req.action, kind).inc()
+    if outcome.tries > 1:
+        metrics.RETRIES.labels(req.action).inc(outcome.tries - 1)
     log.info(
         "%s saga=%s order=%s key=%s attempt=%d -> %s after %d tries%s",
         req.action,
@@ -279,4 +289,10 @@ def _log_outcome(req: ActionRequest, outcome: ActionDone | ActionFailed) -> None
         outcome.type,
         outcome.tries,
         f": {outcome.reason}" if isinstance(outcome, ActionFailed) else "",
+        extra=logs.context(
+            saga_id=req.saga_id,
+            order_id=req.order_id,
+            action=req.action,
+            message_id=req.message_id,
+        ),
     )

@@ -18,6 +18,7 @@ from aio_pika.abc import (
 )
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
+from shared import metrics
 from shared.codec import message_to_amqp
 from shared.config import Settings
 from shared.delivery import (
@@ -207,6 +208,7 @@ class Bus:
 
         def lost(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome is not None else None
+            metrics.CONSUMER_RESTARTS.labels(queue_name).inc()
             log.warning("consumer of %s lost (%r); subscribing again", queue_name, exc)
 
         # A lost connection or channel surfaces in many types: every one means subscribe again.

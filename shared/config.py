@@ -82,6 +82,10 @@ class Settings:
     # The HTTP payments API: where `saga run payments-api` listens, where payments-http calls.
     payments_api_bind: str = "127.0.0.1:8090"
     payments_api_url: str = "http://127.0.0.1:8090"
+    # Where `saga run` serves /metrics for Prometheus ("off": nowhere; one-shot commands never
+    # do), and how often the coordinator reads the database's gauges.
+    metrics_bind: str = "127.0.0.1:9464"
+    metrics_poll_s: float = 10.0
 
     def __post_init__(self) -> None:
         self._check_events()
@@ -115,6 +119,7 @@ class Settings:
             "stop_grace_s",
             "standby_after_s",
             "outbox_stale_s",
+            "metrics_poll_s",
         ):
             if not 0 < getattr(self, name) <= 3600:
                 raise ConfigError(

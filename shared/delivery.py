@@ -15,6 +15,7 @@ from enum import StrEnum
 from aio_pika.abc import AbstractIncomingMessage
 
 from shared.errors import InvalidMessage, RetryLater
+from shared.logs import context
 
 log = logging.getLogger(__name__)
 
@@ -84,19 +85,32 @@ class Acks:
 
 
 def _judge(message: AbstractIncomingMessage, exc: Exception) -> Outcome:
+    """One line per failed delivery, with the error; the traceback only when the message goes
+    to the dead letters (or at DEBUG): a retried delivery is not an 80-line event."""
     outcome = decide(exc)
-    level = logging.WARNING if outcome is Outcome.RETRY else logging.ERROR
+    retried = outcome is Outcome.RETRY
+    traceback = not isinstance(exc, InvalidMessage | RetryLater) and (
+        not retried or log.isEnabledFor(logging.DEBUG)
+    )
+    headers = message.headers or {}
     log.log(
-        level,
-        "message %s (%s) on %s: %s -> %s",
+        logging.WARNING if retried else logging.ERROR,
+        "message %s (%s) on %s: %r -> %s",
         message.message_id,
         message.type,
         message.routing_key,
         exc,
         outcome.value,
-        exc_info=not isinstance(exc, InvalidMessage | RetryLater),
+        exc_info=traceback,
+        extra=context(message_id=message.message_id, order_id=_text(headers.get("x-order-id"))),
     )
     return outcome
+
+
+def _text(value: object) -> str | None:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, str) else None
 
 
 async def _told(

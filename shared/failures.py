@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from shared.codec import identify_incoming
 from shared.delivery import FailureHook, Outcome
+from shared.errors import InvalidMessage, RetryLater
 from shared.sql import Queries
 from shared.text import clean
 
@@ -36,13 +38,24 @@ def failure_recorder(
         message: AbstractIncomingMessage, error: BaseException, outcome: Outcome
     ) -> None:
         ident = identify_incoming(message)
-        text = clean(f"{type(error).__name__}: {error}", 4000)
+        text = clean(f"{type(error).__name__}: {error}", 2000)
         blocks = block_order and outcome is Outcome.RETRY and ident.order_id is not None
         # Found before a connection is held: finding it may read the store itself.
         held_by = (await key(message) if key and blocks else None) or ident.message_id
         async with pool.acquire() as conn, conn.transaction():
-            await conn.execute(Q.failure_upsert, ident.message_id, ident.order_id, queue, text)
+            detail = (
+                text if isinstance(error, InvalidMessage | RetryLater) else _with_trace(text, error)
+            )
+            await conn.execute(Q.failure_upsert, ident.message_id, ident.order_id, queue, detail)
             if blocks:
                 await conn.execute(Q.block_upsert, ident.order_id, held_by, "retrying", text)
 
     return on_failure
+
+
+def _with_trace(text: str, error: BaseException) -> str:
+    """The error and where it came from: kept with the failure, shown with the dead letter
+    (the log of a retried delivery has one line; this is where the traceback goes)."""
+    lines = traceback.format_exception(error)
+    kept = lines if len(lines) <= 8 else [lines[0], "  ...\n", *lines[-7:]]  # the innermost
+    return clean(text + "\n" + "".join(kept).rstrip(), 4000)

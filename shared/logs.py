@@ -3,11 +3,37 @@ minute, then counted, so a flood of bad messages cannot fill a disk with log lin
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# What a log line may say about the message it is about (``extra=`` of the logging call).
+CONTEXT = ("saga_id", "order_id", "action", "message_id", "queue")
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, the context fields the call
+    gave, and the traceback when there is one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        line.update({k: getattr(record, k) for k in CONTEXT if getattr(record, k, None)})
+        if record.exc_info:
+            line["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+def context(**fields: object) -> dict[str, object]:
+    """``extra=`` for a log call: the context fields that are set."""
+    return {k: v for k, v in fields.items() if k in CONTEXT and v}
 
 
 class RateLimit(logging.Filter):
@@ -52,9 +78,14 @@ class RateLimit(logging.Filter):
         return allowed
 
 
-def configure(level: str) -> None:
-    """Root logging for every ``saga`` process: one format, bounded output."""
+def configure(level: str, fmt: str = "text") -> None:
+    """Root logging for every ``saga`` process: one format (``text`` or ``json``, one object
+    per line), bounded output."""
+    if fmt not in ("text", "json"):
+        raise ValueError(f"SAGA_LOG_FORMAT {fmt!r}: use text or json")
     logging.basicConfig(level=level.upper(), format=FORMAT)
     limit = RateLimit()
     for handler in logging.getLogger().handlers:
         handler.addFilter(limit)
+        if fmt == "json":
+            handler.setFormatter(JsonLines())

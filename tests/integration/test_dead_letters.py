@@ -188,6 +188,8 @@ async def test_handler_raising_every_time_goes_to_the_dead_letters_then_replay_d
     assert dead["delivery_count"] == stack.settings.delivery_limit + 1
     assert sabotage.raised["s-doomed"] == stack.settings.delivery_limit + 1
     assert "simulated handler bug" in dead["error"]
+    # the traceback goes with the dead letter (the retries logged one line each)
+    assert "Traceback (most recent call last)" in dead["error"]
     assert dead["exchange"] == bus.topology.partitions_exchange
     await eventually(lambda: stack.store.parked(order_id), lambda rows: len(rows) == 2)
 

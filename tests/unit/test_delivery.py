@@ -25,6 +25,7 @@ class Delivery:
     def __init__(self, tag: int, wire: list[tuple[str, int, bool]]) -> None:
         self.delivery_tag, self.wire = tag, wire
         self.message_id, self.type, self.routing_key = f"m{tag}", "t", "k"
+        self.headers: dict[str, object] = {"x-order-id": f"o{tag}"}
 
     async def ack(self, multiple: bool = False) -> None:
         self.wire.append(("ack", self.delivery_tag, multiple))

@@ -1,0 +1,39 @@
+"""Reads what the database holds into the gauges of ``shared.metrics``: blocked orders,
+waiting sagas, the people's queue, the outbox. Runs in the coordinator process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import asyncpg
+
+from shared import metrics
+from shared.sql import Queries
+
+log = logging.getLogger(__name__)
+Q = Queries(Path(__file__).with_name("gauges.sql"))
+
+
+async def read_gauges(pool: asyncpg.Pool) -> None:
+    row = await pool.fetchrow(Q.gauges)
+    assert row is not None
+    metrics.ORDERS_BLOCKED.set(row["orders_blocked"])
+    metrics.SAGAS_WAITING.set(row["waiting"])
+    metrics.PEOPLE_QUEUE.labels("needs_human").set(row["needs_human"])
+    metrics.PEOPLE_QUEUE.labels("awaiting_approval").set(row["awaiting_approval"])
+    metrics.PEOPLE_OLDEST.set(float(row["people_oldest_s"] or 0))
+    metrics.OUTBOX_DEPTH.set(row["outbox_depth"])
+    metrics.OUTBOX_LAG.set(float(row["outbox_lag_s"] or 0))
+
+
+async def keep_gauges(pool: asyncpg.Pool, every_s: float) -> None:
+    while True:
+        try:
+            await read_gauges(pool)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the database away: the gauges keep their last values
+            log.warning("gauges not read: %r", exc)
+        await asyncio.sleep(every_s)

@@ -1,0 +1,81 @@
+"""Log lines as an operator reads them: a retried delivery is one line with its error, the
+traceback goes with a dead letter (or at DEBUG), and SAGA_LOG_FORMAT=json gives one object per
+line with the message's context."""
+
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from aio_pika.abc import AbstractIncomingMessage
+
+from shared.delivery import Outcome, _judge
+from shared.errors import InvalidMessage
+from shared.logs import JsonLines, configure, context
+
+
+def delivery() -> AbstractIncomingMessage:
+    message = SimpleNamespace(
+        message_id="m-1", type="action.request", routing_key="erp", headers={"x-order-id": "o-1"}
+    )
+    return cast(AbstractIncomingMessage, message)
+
+
+def fail() -> Exception:
+    try:
+        raise KeyError("credit_note_id")
+    except KeyError as exc:
+        return exc
+
+
+def test_a_retried_delivery_is_one_line_with_its_error(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="shared.delivery"):
+        outcome = _judge(delivery(), fail())
+
+    [record] = caplog.records
+    assert outcome is Outcome.RETRY
+    assert record.levelno == logging.WARNING
+    assert not record.exc_info  # no traceback
+    assert "KeyError('credit_note_id') -> retry" in record.getMessage()
+    assert (record.message_id, record.order_id) == ("m-1", "o-1")  # type: ignore[attr-defined]
+
+
+def test_the_traceback_comes_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="shared.delivery"):
+        _judge(delivery(), fail())
+
+    assert caplog.records[0].exc_info
+
+
+def test_a_message_refused_for_good_is_an_error_line(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="shared.delivery"):
+        outcome = _judge(delivery(), InvalidMessage("body is not JSON"))
+
+    assert outcome is Outcome.DEAD_LETTER
+    assert caplog.records[0].levelno == logging.ERROR
+
+
+def test_json_lines_carry_the_context_and_the_traceback() -> None:
+    record = logging.LogRecord("services.adapter", logging.WARNING, __file__, 1,
+                               "call %s failed", ("erp.void",), None)  # fmt: skip
+    for key, value in context(saga_id="s-1", order_id="o-1", action="erp.void", nope="x").items():
+        setattr(record, key, value)
+    error = fail()
+    record.exc_info = (type(error), error, error.__traceback__)
+
+    line: dict[str, Any] = json.loads(JsonLines().format(record))
+
+    assert line["level"] == "warning" and line["logger"] == "services.adapter"
+    assert line["message"] == "call erp.void failed"
+    assert (line["saga_id"], line["order_id"], line["action"]) == ("s-1", "o-1", "erp.void")
+    assert "nope" not in line
+    assert "KeyError: 'credit_note_id'" in line["traceback"]
+    assert line["ts"].endswith("+00:00")
+
+
+def test_an_unknown_log_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="SAGA_LOG_FORMAT 'xml'"):
+        configure("INFO", "xml")
