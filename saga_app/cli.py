@@ -44,7 +44,7 @@ from saga_coordinator.incident import incident, render_markdown
 from saga_coordinator.register import SagaState
 from saga_coordinator.report import render_register, table
 from saga_coordinator.store import Store
-from shared import logs, metrics
+from shared import logs, metrics, tracing
 from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
@@ -107,6 +107,7 @@ def run(ctx: click.Context, components: tuple[str, ...], demo: bool) -> None:
 async def _serve(settings: Settings, components: tuple[str, ...], demo: bool) -> None:
     if settings.metrics_bind != "off":
         metrics.serve(settings.metrics_bind)
+    tracing.configure("saga-" + "-".join(components or ("all",)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -16,7 +16,7 @@ from saga_coordinator.gatekeeper import Gatekeeper, stamped
 from saga_coordinator.group_commit import GroupCommit
 from saga_coordinator.processor import Processor
 from saga_coordinator.store import OutboxRow, Store
-from shared import trust
+from shared import tracing, trust
 from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.codec import PARTITION, decode_incoming, identify_incoming
@@ -56,7 +56,7 @@ class Coordinator:
             await self.gate.answer(command)
             return
         assert not isinstance(command, DeskCommand)  # refused at a partition
-        note = await self.group.submit(stamped(command))
+        note = await self._submit(stamped(command), delivery)
         crash_point("coordinator.before_ack")
         log.debug("%s %s %s: %s", command.order_id, command.saga_id, command.type, note)
 
@@ -132,9 +132,19 @@ class Coordinator:
             if not found:
                 raise Forged("a replay that names no dead letter being replayed")
         trust.partition_message(self.directory, message, sender)
-        note = await self.group.submit(message)
+        note = await self._submit(message, delivery)
         crash_point("coordinator.before_ack")
         log.debug("%s %s %s: %s", message.order_id, message.saga_id, message.type, note)
+
+    async def _submit(self, message: PartitionMessage, delivery: AbstractIncomingMessage) -> str:
+        """Apply the message (in a group commit), its trace context handed to the processor."""
+        context = tracing.extract(delivery.headers)
+        if context is not None:
+            self.processor.parents[message.message_id] = context
+        try:
+            return await self.group.submit(message)
+        finally:
+            self.processor.parents.pop(message.message_id, None)
 
     async def run(self, partitions: Sequence[int] | None = None) -> None:
         """Consume every partition (each sequentially, all in parallel) until cancelled.

@@ -7,10 +7,12 @@ same gatekeeper, numbered in its order's arrival order and forwarded to the part
 from __future__ import annotations
 
 from aio_pika.abc import AbstractIncomingMessage
+from opentelemetry.context import Context
 
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.gatekeeper import Gatekeeper, stamped
 from saga_coordinator.store import Store
+from shared import tracing
 from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.config import Settings
@@ -43,15 +45,20 @@ class Intake:
             assert self.desk is not None, "desk commands need the desk"
             await self.gate.publish_reply(command.reply_to, await self.desk.perform(command))
         else:
-            await self._forward(command)
+            await self._forward(command, tracing.extract(delivery.headers))
 
-    async def _forward(self, command: AnyCommand) -> None:
+    async def _forward(self, command: AnyCommand, context: Context | None = None) -> None:
         """Numbered first, so a command that fails later keeps its place in its order; then sent
         to the partition under the gatekeeper's id for it (a re-sent or redelivered command gets
         the same id and number, and the inbox absorbs it)."""
         forwarded = stamped(command)
         seq = await self.store.assign_seq(forwarded.message_id, command.order_id)
-        await self.bus.to_partition(forwarded.model_copy(update={"seq": seq}))
+        with tracing.TRACER.start_as_current_span(
+            f"intake {command.type}", context=context, kind=tracing.SpanKind.CONSUMER,
+            attributes=tracing.attributes(command.saga_id, command.order_id),
+        ):  # fmt: skip
+            headers = tracing.headers_of()
+            await self.bus.to_partition(forwarded.model_copy(update={"seq": seq}), headers)
 
     async def run(self) -> None:
         queue = self.bus.topology.intake_queue

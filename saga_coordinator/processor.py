@@ -9,9 +9,11 @@ order, the messages parked behind it are applied in order in the same transactio
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import datetime
 
+from opentelemetry.context import Context
 from pydantic import TypeAdapter
 
 from saga_coordinator import convoy, deadline
@@ -21,7 +23,7 @@ from saga_coordinator.ports import Transaction as Tx
 from saga_coordinator.register import SagaState
 from saga_coordinator.store import Claim, OutboxRow
 from saga_coordinator.transition import Reply, Transition
-from shared import metrics
+from shared import metrics, tracing
 from shared.catalog import Catalog
 from shared.codec import PARTITION
 from shared.messages import ActionRequest, CommandReply, PartitionMessage, SagaEvent
@@ -44,7 +46,8 @@ def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
             rows.append(OutboxRow.of(topology.actions_exchange, service, item))
         elif topology.publishes(item.type):
             rows.append(OutboxRow.of(topology.events_exchange, item.type, item))
-    return rows
+    carried = tracing.headers_of()  # the current span's context goes with every message
+    return [replace(row, headers={**row.headers, **carried}) for row in rows] if carried else rows
 
 
 FINISHED = frozenset({"saga.completed", "saga.compensated", "saga.resolved", "saga.needs_human"})
@@ -79,6 +82,9 @@ class Processor:
     def __init__(self, catalog: Catalog, topology: Topology) -> None:
         self.catalog = catalog
         self.topology = topology
+        # The trace context each message in hand arrived with, by message id (the consumer
+        # puts it here; the message models carry no transport headers).
+        self.parents: dict[str, Context] = {}
 
     async def handle(self, tx: Tx, message: PartitionMessage, now: datetime) -> str:
         """Returns what happened, for the log line."""
@@ -210,15 +216,34 @@ class Processor:
     def _store(
         self, tx: Tx, transition: Transition, now: datetime, message: PartitionMessage | None = None
     ) -> None:
-        state = transition.state
-        if state is not None and transition.changed:
-            tx.save_saga(state, now=now)
-            self._deadline(tx, state, transition, now)
-        tx.outbox(route(self.topology, transition))
+        with self._span(transition.state, message) as span:
+            state = transition.state
+            if state is not None and state.trace is None and transition.changed:
+                state = state.evolve(trace=tracing.traceparent(span))  # the saga's root span
+                transition = replace(transition, state=state)
+            if state is not None and transition.changed:
+                tx.save_saga(state, now=now)
+                self._deadline(tx, state, transition, now)
+            tx.outbox(route(self.topology, transition))
         if message is not None and transition.refused is not None:
             sender = getattr(message, "sender", None)
             user = sender.user if sender is not None else None
             tx.refusal(message, transition.rule, transition.refused, user)
+
+    def _span(
+        self, state: SagaState | None, message: PartitionMessage | None
+    ) -> AbstractContextManager[tracing.Span]:
+        """The span of one decision: a child of the context its message came with when that
+        is the saga's own trace, else of the saga's root (a deadline, a saga that waited)."""
+        incoming = self.parents.get(message.message_id) if message is not None else None
+        root = tracing.extract({"traceparent": state.trace}) if state and state.trace else None
+        own = root is None or (incoming is not None and tracing.same_trace(incoming, root))
+        parent = incoming if own else root
+        name = f"coordinator {message.type}" if message is not None else "coordinator hand-over"
+        attributes = tracing.attributes(state.saga_id, state.order_id) if state else {}
+        return tracing.TRACER.start_as_current_span(
+            name, context=parent, kind=tracing.SpanKind.CONSUMER, attributes=attributes
+        )
 
     def _deadline(self, tx: Tx, state: SagaState, transition: Transition, now: datetime) -> None:
         change = deadline.after(state, transition, now)

@@ -79,6 +79,7 @@ class SagaChanges(TypedDict, total=False):
     finished_at: datetime | None
     decisions: tuple[Decision, ...]
     waiting_for: str | None
+    trace: str | None
 
 
 class Step(_Frozen):
@@ -161,6 +162,9 @@ class SagaState(_Frozen):
     decisions: tuple[Decision, ...] = ()
     waiting_for: str | None = None  # the saga holding the order, while this one waits
     started_by: Sender | None = None  # who sent the start (an agent may act on its own only)
+    # The W3C traceparent of the saga's root span: later messages without a context (deadlines,
+    # operators' commands) join the saga's trace by it.
+    trace: str | None = None
 
     def step(self, index: int) -> Step | None:
         return self.steps[index] if 0 <= index < len(self.steps) else None

@@ -20,6 +20,7 @@ from typing import Any
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.exceptions import AMQPError
+from opentelemetry import trace
 from pydantic import TypeAdapter
 from tenacity import (
     AsyncRetrying,
@@ -35,7 +36,7 @@ from services.errors import Permanent, Transient
 from services.outcome import Done, Verdict, build_outcome
 from services.registry import load_service
 from services.sdk import Resources, Service, batch_scope
-from shared import logs, metrics, trust
+from shared import logs, metrics, tracing, trust
 from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.codec import decode_incoming, message_to_amqp
@@ -130,14 +131,15 @@ class Adapter:
         transiently (the catalog's attempts count them), ``landed`` whether they may have landed."""
         started = time.monotonic()
         req = self._request(message)
-        outcome = await self.perform(req, tried, landed)
-        crash_point("adapter.before_publish")
-        assert self.bus is not None
-        try:
-            await self.bus.to_partition(outcome)
-        except (AMQPError, ConnectionError, TimeoutError) as exc:
-            # Not confirmed: requeue the request; its stored outcome is published next time.
-            raise _unconfirmed(req, exc) from exc
+        with trace.use_span(self._span(req, message), end_on_exit=True):
+            outcome = await self.perform(req, tried, landed)
+            crash_point("adapter.before_publish")
+            assert self.bus is not None
+            try:
+                await self.bus.to_partition(outcome, tracing.headers_of())
+            except (AMQPError, ConnectionError, TimeoutError) as exc:
+                # Not confirmed: requeue the request; its stored outcome is published next time.
+                raise _unconfirmed(req, exc) from exc
         _report(req, outcome, started)
 
     async def handle_batch(self, messages: Sequence[AbstractIncomingMessage]) -> list[BatchVerdict]:
@@ -145,7 +147,7 @@ class Adapter:
         for their outcomes. A request whose call failed transiently is retried alone (with
         backoff, counting this call); so is every request of a batch whose statement failed,
         so that one bad request fails alone."""
-        started = time.monotonic()
+        started, began = time.monotonic(), time.time_ns()
         verdicts: list[BatchVerdict] = [None] * len(messages)
         valid: list[tuple[int, ActionRequest]] = []
         for i, message in enumerate(messages):
@@ -172,19 +174,43 @@ class Adapter:
             else:  # the function broke, or a bulk call failed for all: each alone
                 verdicts[i] = Alone()
         crash_point("adapter.before_publish")
-        assert self.bus is not None
-        exchange = self.bus.topology.partitions_exchange
-        sent = await self.bus.publish_many(
-            [
-                (exchange, self.bus.topology.partition_key(req.order_id), message_to_amqp(out))
-                for _, req, out in reports
-            ]
-        )
-        for (i, req, outcome), error in zip(reports, sent, strict=True):
+        spans = [self._span(req, messages[i], began) for i, req, _ in reports]
+        pairs = zip(reports, spans, strict=True)
+        sent = await self._publish_outcomes([(req, out, span) for (_, req, out), span in pairs])
+        for (i, req, outcome), error, span in zip(reports, sent, spans, strict=True):
             verdicts[i] = None if error is None else _unconfirmed(req, error)
+            span.end()
             if error is None:
                 _report(req, outcome, started)
         return verdicts
+
+    async def _publish_outcomes(
+        self, outcomes: list[tuple[ActionRequest, ActionDone | ActionFailed, tracing.Span]]
+    ) -> list[BaseException | None]:
+        """One confirm round for the outcomes, each carrying its request's span."""
+        assert self.bus is not None
+        t = self.bus.topology
+        return await self.bus.publish_many(
+            [
+                (t.partitions_exchange, t.partition_key(req.order_id),
+                 message_to_amqp(out, tracing.headers_of(span)))
+                for req, out, span in outcomes
+            ]
+        )  # fmt: skip
+
+    def _span(
+        self, req: ActionRequest, message: AbstractIncomingMessage, began: int | None = None
+    ) -> tracing.Span:
+        """The span of one request, a child of the coordinator span that sent it."""
+        spec = self.catalog.actions.get(req.action)
+        return tracing.TRACER.start_span(
+            f"adapter {req.action}", context=tracing.extract(message.headers),
+            kind=tracing.SpanKind.CONSUMER, start_time=began,
+            attributes=tracing.attributes(
+                req.saga_id, req.order_id, action=req.action, attempt=req.attempt,
+                kind=spec.action_class.value if spec else "compensation",
+            ),
+        )  # fmt: skip
 
     async def _call_batch(self, reqs: list[ActionRequest]) -> list[Verdict | Exception]:
         """Every request's function at once, in one batch scope: what they submit to a

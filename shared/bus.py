@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import aio_pika
 from aio_pika.abc import (
@@ -177,12 +177,18 @@ class Bus:
         )
         return [r if isinstance(r, BaseException) else None for r in done]
 
-    async def publish(self, exchange: str, routing_key: str, message: Outbound) -> None:
-        await self.publish_raw(exchange, routing_key, message_to_amqp(message))
+    async def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        message: Outbound,
+        headers: dict[str, Any] | None = None,
+    ) -> None:
+        await self.publish_raw(exchange, routing_key, message_to_amqp(message, headers))
 
-    async def to_partition(self, message: Envelope) -> None:
+    async def to_partition(self, message: Envelope, headers: dict[str, Any] | None = None) -> None:
         key = self.topology.partition_key(message.order_id)
-        await self.publish(self.topology.partitions_exchange, key, message)
+        await self.publish(self.topology.partitions_exchange, key, message, headers)
 
     async def consume(
         self,

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from pydantic import Field, JsonValue, TypeAdapter
 
+from shared import tracing
 from shared.bus import Bus
 from shared.codec import decode
 from shared.errors import InvalidMessage, SagaError
@@ -235,7 +236,13 @@ class SagaClient:
             key = (
                 self.bus.topology.command_key(command.type, order_id) if order_id else command.type
             )
-            await self.bus.publish(self.bus.topology.commands_exchange, key, command)
+            saga_id = getattr(command, "saga_id", "")
+            with tracing.TRACER.start_as_current_span(
+                f"send {command.type}", kind=tracing.SpanKind.PRODUCER,
+                attributes=tracing.attributes(saga_id, order_id or ""),
+            ):  # fmt: skip
+                headers = tracing.headers_of()
+                await self.bus.publish(self.bus.topology.commands_exchange, key, command, headers)
             return await asyncio.wait_for(future, self.reply_timeout_s)
         finally:
             self._pending.pop(command.message_id, None)

@@ -67,12 +67,13 @@ def to_amqp(
     )
 
 
-def message_to_amqp(message: Outbound) -> aio_pika.Message:
+def message_to_amqp(message: Outbound, headers: dict[str, Any] | None = None) -> aio_pika.Message:
     return to_amqp(
         encode(message),
         message_id=message.message_id,
         message_type=message.type,
         order_id=getattr(message, "order_id", None) or "",
+        headers=headers,
     )
 
 

@@ -62,12 +62,12 @@ def breaker(monkeypatch: pytest.MonkeyPatch) -> Breaker:
     found = Breaker()
     forward, handle, adapt = Intake._forward, Processor._handle, Adapter._request
 
-    async def broken_forward(self: Intake, command: AnyCommand) -> None:
+    async def broken_forward(self: Intake, command: AnyCommand, context: Any = None) -> None:
         assert command.sender is not None
         key = forwarded_id(command.sender.user, command.message_id)
         await self.store.assign_seq(key, command.order_id)  # numbered...
         found.check("intake", command)  # ...then it fails before it reaches the partition
-        await forward(self, command)
+        await forward(self, command, context)
 
     async def broken_handle(self: Processor, tx: Any, message: PartitionMessage, *a: Any) -> str:
         found.check("coordinator", message)
