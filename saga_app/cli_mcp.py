@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
 import click
 from aiormq.exceptions import AMQPError
 
@@ -24,6 +28,12 @@ async def _reachable(settings: Settings, catalog: Catalog) -> None:
             "topology declared (`saga run`, `saga declare`), and SAGA_AMQP_URL and "
             "SAGA_NAMESPACE pointing at it?"
         ) from None
+
+
+def _exit_now(signum: int, frame: object) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 def _bind(text: str) -> tuple[str, int]:
@@ -59,6 +69,11 @@ def mcp(ctx: click.Context, transport: str, bind: str) -> None:
     run_async(_reachable(settings, catalog))
     server = build_server(settings, catalog)
     if transport == "stdio":
+        # The SDK reads stdin in a worker thread, which no cancellation can stop: on Ctrl-C or
+        # SIGTERM the process would wait for the client to close stdin. Nothing here needs a
+        # graceful end (what a tool sent is on the broker already), so it ends at once.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _exit_now)
         server.run("stdio")  # stdout carries the protocol: logs go to stderr
     else:
         server.run("streamable-http", host=host, port=port)
