@@ -106,8 +106,8 @@ async def _idempotent(
     key = request.headers.get("idempotency-key", "")
     if not 1 <= len(key) <= 255 or not key.isprintable():
         return _json(_error(400, "invalid_request_error", "an Idempotency-Key header is required"))
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
+    raw = await _body(request)
+    if raw is None:
         return _json(_error(413, "invalid_request_error", f"body over {MAX_BODY} bytes"))
     try:
         body = model.model_validate_json(raw)
@@ -130,6 +130,21 @@ async def _idempotent(
     except _NotStored as failed:
         return _json((failed.status, failed.payload))
     return _json((status, payload))
+
+
+async def _body(request: Request) -> bytes | None:
+    """The body, or None past ``MAX_BODY``: read no further than that, whatever the client
+    claims or sends."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _replay(row: asyncpg.Record | None, fingerprint: str) -> Response:

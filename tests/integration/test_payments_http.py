@@ -248,3 +248,39 @@ async def test_a_checkout_charges_and_refunds_over_http(
     assert paid["refund_id"] is None
     assert refunded["refund_id"] is not None
     assert refunded["id"] == state.steps[1].result["payment_id"]  # type: ignore[index]
+
+
+async def test_bad_bodies_are_refused_with_a_reason_and_store_nothing(
+    api: httpx.AsyncClient, pool: asyncpg.Pool, order_id: str
+) -> None:
+    key = {"Idempotency-Key": f"bad-{order_id}", "Content-Type": "application/json"}
+    nested = b'{"amount_cents": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    answers = {
+        "huge": await api.post("/v1/charges", content=b"x" * 200_000, headers=key),
+        "not json": await api.post("/v1/charges", content=b"{nope", headers=key),
+        "nested": await api.post("/v1/charges", content=nested, headers=key),
+        "a bool for an int": await api.post(
+            "/v1/charges", headers=key,
+            json={"amount_cents": True, "card_token": "tok_visa", "order_id": order_id},
+        ),
+        "a control character": await api.post(
+            "/v1/charges", headers=key,
+            json={"amount_cents": 5, "card_token": "tok\x1b[2J", "order_id": order_id},
+        ),
+        "a control key": await api.post(
+            "/v1/charges", headers={"Idempotency-Key": "k\x07"},
+            json={"amount_cents": 5, "card_token": "tok_visa", "order_id": order_id},
+        ),
+    }  # fmt: skip
+
+    statuses = {what: r.status_code for what, r in answers.items()}
+    assert statuses == {
+        "huge": 413, "not json": 400, "nested": 400, "a bool for an int": 400,
+        "a control character": 400, "a control key": 400,
+    }  # fmt: skip
+    assert all(r.json()["error"]["message"] for r in answers.values())
+    stored = await pool.fetchval(
+        "SELECT count(*) FROM payapi_requests WHERE key = $1", key["Idempotency-Key"]
+    )
+    assert stored == 0
+    assert await charges(pool, order_id) == []
