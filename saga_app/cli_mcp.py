@@ -12,7 +12,8 @@ from aiormq.exceptions import AMQPError
 from saga_app.cli_support import run_async, settings_of
 from saga_app.mcp_tools import agent_bus, build_server, connected
 from shared.catalog import Catalog
-from shared.config import Settings
+from shared.config import Settings, parse_bind
+from shared.errors import ConfigError
 from shared.gateway import load_catalog
 
 
@@ -37,10 +38,10 @@ def _exit_now(signum: int, frame: object) -> None:
 
 
 def _bind(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"{text!r}: write HOST:PORT, e.g. 127.0.0.1:8765")
-    return host, int(port)
+    try:
+        return parse_bind("--bind", text)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.command()

@@ -35,7 +35,7 @@ from shared.errors import InvalidMessage, RetryLater
 from shared.identity import Directory
 from shared.messages import ActionRequest, Alert, DeskCommand, QuerySaga
 from shared.sql import Queries
-from shared.text import clean
+from shared.text import clean, header_text
 from shared.topology import partition_of
 
 log = logging.getLogger(__name__)
@@ -59,29 +59,25 @@ class Death:
 
 def read_death(headers: dict[str, Any], now: datetime) -> Death:
     deaths = [d for d in headers.get("x-death") or [] if isinstance(d, dict)]
-    queue = _text(headers.get("x-first-death-queue"))
+    queue = header_text(headers.get("x-first-death-queue"))
     entry = next(
-        (d for d in deaths if _text(d.get("queue")) == queue), deaths[-1] if deaths else {}
+        (d for d in deaths if header_text(d.get("queue")) == queue), deaths[-1] if deaths else {}
     )
     keys = entry.get("routing-keys") or [""]
     at = entry.get("time")
     count = entry.get("count")
     return Death(
-        reason=_text(headers.get("x-first-death-reason"))
-        or _text(entry.get("reason"))
+        reason=header_text(headers.get("x-first-death-reason"))
+        or header_text(entry.get("reason"))
         or "unknown",
-        queue=queue or _text(entry.get("queue")),
-        exchange=_text(entry.get("exchange")) or _text(headers.get("x-first-death-exchange")) or "",
-        routing_key=_text(keys[0] if isinstance(keys, list) and keys else "") or "",
+        queue=queue or header_text(entry.get("queue")),
+        exchange=header_text(entry.get("exchange"))
+        or header_text(headers.get("x-first-death-exchange"))
+        or "",
+        routing_key=header_text(keys[0] if isinstance(keys, list) and keys else "") or "",
         count=count if isinstance(count, int) and 0 < count < 2**31 else 1,
         at=at if isinstance(at, datetime) else now,
     )
-
-
-def _text(value: Any, limit: int = 255) -> str | None:
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    return clean(value, limit) if isinstance(value, str) else None
 
 
 def jsonable_headers(headers: dict[str, Any]) -> str:
@@ -146,7 +142,7 @@ async def record_death(tx: Tx, letter: Letter) -> int:
     before its ack) finds its row and changes nothing."""
     info = (letter.reason, clean(letter.error or "", 4000) or None, letter.attempts,
             letter.first_at, letter.last_at, jsonable_headers(letter.headers))  # fmt: skip
-    replay_of = _text(letter.headers.get(REPLAY_HEADER))
+    replay_of = header_text(letter.headers.get(REPLAY_HEADER))
     replayed = int(replay_of) if replay_of and replay_of.isdigit() and len(replay_of) < 18 else None
     dl_id = None
     if replayed is not None:
@@ -229,7 +225,7 @@ class DeadLetterIngester:
         death = read_death(headers, datetime.now(UTC))
         # the consumer that gave up recorded why; the broker only says how it ended
         failure = await tx.conn.fetchrow(Q.failure_get, ident.message_id, death.queue or "")
-        sender = _text(delivery.user_id, 128)
+        sender = header_text(delivery.user_id, 128)
         judged = await self.judge(tx, delivery, ident, death, sender)
         letter = Letter(
             message_id=ident.message_id, message_type=ident.message_type,
@@ -307,7 +303,8 @@ class DeadLetterIngester:
             saga_id=None, queue=None, exchange="", routing_key="", reason="unstorable",
             error=clean(f"{type(error).__name__}: {error}", 2000), attempts=1,
             first_at=now, last_at=now, headers={}, body=delivery.body,
-            sender=_text(delivery.user_id, 128), transport_id=ident.transport_id, blocks=False,
+            sender=header_text(delivery.user_id, 128), transport_id=ident.transport_id,
+            blocks=False,
         )  # fmt: skip
         letter = replace(letter, message_id=f"{ident.message_id}:unstorable")
         dl_id = await record_death(tx, letter)

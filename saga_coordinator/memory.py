@@ -12,7 +12,7 @@ import copy
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.ports import Transaction
@@ -33,6 +33,13 @@ class Armed:
     due_at: datetime
 
 
+class SagaRow(NamedTuple):
+    arrival: int
+    order_id: str
+    status: str
+    state: str
+
+
 @dataclass
 class MemoryState:
     inbox: set[str] = field(default_factory=set)
@@ -40,8 +47,9 @@ class MemoryState:
     # order -> message id -> (state, reason, arrival)
     blocks: dict[str, dict[str, tuple[str, str, int]]] = field(default_factory=dict)
     parked: dict[int, tuple[str, Parked]] = field(default_factory=dict)
-    # saga id -> (arrival, the register as JSON: stored as text, like the jsonb column)
-    sagas: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # saga id -> its row: the register kept as JSON text, like the jsonb column, so that a
+    # caller's copy never aliases the stored one
+    sagas: dict[str, SagaRow] = field(default_factory=dict)
     deadlines: dict[str, Armed] = field(default_factory=dict)
     outbox: list[tuple[int, OutboxRow]] = field(default_factory=list)
     log: list[tuple[str, str, str, str, str, int | None]] = field(default_factory=list)
@@ -65,15 +73,26 @@ class MemoryTx:
             order_id, active, next_seq, handled,
             tuple(Block(message_id, state) for message_id, (state, _, _) in blocks),
             any(o == order_id for o, _ in self.s.parked.values()),
-            any(s.order_id == order_id and s.status == "waiting" for s in self._sagas()),
+            bool(self._waiting(order_id)),
         )  # fmt: skip
 
-    def _sagas(self) -> list[SagaState]:
-        return [SagaState.model_validate_json(raw) for _, raw in self.s.sagas.values()]
+    def _waiting(self, order_id: str) -> list[tuple[int, str]]:
+        """(arrival, saga id) of the order's waiting sagas."""
+        rows = self.s.sagas.items()
+        return [
+            (r.arrival, sid) for sid, r in rows if r.order_id == order_id and r.status == "waiting"
+        ]
 
     def _saga(self, saga_id: str) -> SagaState | None:
         found = self.s.sagas.get(saga_id)
-        return None if found is None else SagaState.model_validate_json(found[1])
+        return None if found is None else SagaState.model_validate_json(found.state)
+
+    def _put(self, state: SagaState) -> None:
+        known = self.s.sagas.get(state.saga_id)
+        arrival = known.arrival if known is not None else self.s.next()
+        self.s.sagas[state.saga_id] = SagaRow(
+            arrival, state.order_id, state.status, state.model_dump_json()
+        )
 
     async def claim(self, messages: Sequence[Envelope]) -> list[Claim]:
         claims = []
@@ -129,24 +148,17 @@ class MemoryTx:
         return self._saga(saga_id)
 
     async def next_waiting(self, order_id: str) -> SagaState | None:
-        waiting = [
-            (arrival, raw)
-            for arrival, raw in self.s.sagas.values()
-            if (s := SagaState.model_validate_json(raw)).order_id == order_id
-            and s.status == "waiting"
-        ]
-        return SagaState.model_validate_json(min(waiting)[1]) if waiting else None
+        waiting = self._waiting(order_id)
+        return self._saga(min(waiting)[1]) if waiting else None
 
     async def waiting_for(self, order_id: str, saga_id: str) -> None:
-        for state in self._sagas():
-            if state.order_id == order_id and state.status == "waiting":
-                arrival = self.s.sagas[state.saga_id][0]
-                changed = state.model_copy(update={"waiting_for": saga_id})
-                self.s.sagas[state.saga_id] = (arrival, changed.model_dump_json())
+        for _, waiting in self._waiting(order_id):
+            state = self._saga(waiting)
+            assert state is not None
+            self._put(state.evolve(waiting_for=saga_id))
 
     def save_saga(self, state: SagaState, *, now: datetime) -> None:
-        arrival = self.s.sagas[state.saga_id][0] if state.saga_id in self.s.sagas else self.s.next()
-        self.s.sagas[state.saga_id] = (arrival, state.model_dump_json())
+        self._put(state)
 
     def log(self, message: Envelope, saga_id: str, note: str, seq: int | None) -> None:
         self.s.log.append((saga_id, message.order_id, message.message_id, message.type, note, seq))
@@ -197,7 +209,7 @@ class MemoryStore:
         return MemoryTx(self.state)._saga(saga_id)
 
     def sagas(self) -> list[SagaState]:
-        return MemoryTx(self.state)._sagas()
+        return [SagaState.model_validate_json(r.state) for r in self.state.sagas.values()]
 
     def history(self, saga_id: str) -> list[dict[str, Any]]:
         return [

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from services.errors import Permanent, Transient
 from shared.catalog import Catalog
+from shared.codec import describe
 from shared.config import Settings
 from shared.errors import ConfigError
 from shared.messages import ActionRequest, Phase
@@ -116,11 +117,9 @@ class _Handler(Generic[D]):
         try:
             return self.model.model_validate(req.params, strict=True)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}"
-                for e in exc.errors(include_url=False, include_input=False)[:5]
-            )
-            raise Permanent(clean(f"{req.action}: invalid parameters: {problems}", 1000)) from None
+            raise Permanent(
+                clean(f"{req.action}: invalid parameters: {describe(exc)}", 1000)
+            ) from None
 
 
 class Service(Generic[D]):

@@ -32,6 +32,7 @@ from shared.delivery import (
 )
 from shared.identity import amqp_url_for, user_of_url
 from shared.messages import Envelope, Outbound
+from shared.ports import Publisher
 from shared.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -334,3 +335,7 @@ class Bus:
 
 class ConsumerLost(Exception):
     """The broker cancelled our consumer; the supervisor subscribes again."""
+
+
+def _is_a_publisher(bus: Bus) -> Publisher:
+    return bus  # mypy checks here that the bus has the interface its twin has

@@ -173,6 +173,15 @@ class Settings:
         return Path(__file__).with_name("catalog.toml")
 
 
+def parse_bind(setting: str, text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv6 host in brackets) to listen on, or a ConfigError naming the
+    setting."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{setting} {text!r}: write HOST:PORT, e.g. 127.0.0.1:8765")
+    return host.strip("[]"), int(port)
+
+
 def masked(url: str) -> str:
     """The URL with its password replaced by stars, to print."""
     parts = urlsplit(url)

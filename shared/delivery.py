@@ -16,6 +16,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from shared.errors import InvalidMessage, RetryLater
 from shared.logs import context
+from shared.text import header_text
 
 log = logging.getLogger(__name__)
 
@@ -102,15 +103,11 @@ def _judge(message: AbstractIncomingMessage, exc: Exception) -> Outcome:
         exc,
         outcome.value,
         exc_info=traceback,
-        extra=context(message_id=message.message_id, order_id=_text(headers.get("x-order-id"))),
+        extra=context(
+            message_id=message.message_id, order_id=header_text(headers.get("x-order-id"))
+        ),
     )
     return outcome
-
-
-def _text(value: object) -> str | None:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value if isinstance(value, str) else None
 
 
 async def _told(

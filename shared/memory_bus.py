@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections import deque
 from itertools import count
 
-from shared.bus import Bus
 from shared.errors import SagaError
 from shared.messages import Outbound
 from shared.ports import Publisher
@@ -86,7 +85,3 @@ class MemoryBus:
 
 def _is_a_publisher(bus: MemoryBus) -> Publisher:
     return bus  # mypy checks here that the twin has the interface
-
-
-def _bus_is_a_publisher(bus: Bus) -> Publisher:
-    return bus

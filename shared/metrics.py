@@ -12,7 +12,7 @@ import logging
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from shared.errors import ConfigError
+from shared.config import parse_bind
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +56,9 @@ OUTBOX_LAG = Gauge("saga_outbox_lag_seconds", "Age of the oldest unpublished mes
 def serve(bind: str) -> bool:
     """Serve ``/metrics`` on ``host:port``; a port in use is a warning, not a stop (the
     component keeps working, unobserved)."""
-    host, sep, port = bind.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"SAGA_METRICS_BIND {bind!r}: write HOST:PORT, or off")
+    host, port = parse_bind("SAGA_METRICS_BIND", bind)
     try:
-        start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1")
+        start_http_server(port, addr=host)
     except OSError as exc:
         log.warning("metrics not served on %s: %s", bind, exc)
         return False

@@ -38,3 +38,11 @@ def first_unsafe(text: str) -> str | None:
     char = found.group()
     kind = "a lone surrogate" if "\ud800" <= char <= "\udfff" else "a control character"
     return f"{kind} (U+{ord(char):04X}) at position {found.start()}"
+
+
+def header_text(value: object, limit: int = 255) -> str | None:
+    """An AMQP header's value as safe text (bytes decoded, unsafe characters escaped, cut to
+    ``limit``), or None when it is not text: a sender chooses headers."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return clean(value, limit) if isinstance(value, str) else None

@@ -38,6 +38,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from services.store import Conn, row_dict
+from shared.codec import describe
+from shared.config import parse_bind
 from shared.errors import ConfigError
 from shared.sql import Queries
 
@@ -112,11 +114,7 @@ async def _idempotent(
     try:
         body = model.model_validate_json(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}"
-            for e in exc.errors(include_url=False, include_input=False)[:5]
-        )
-        return _json(_error(400, "invalid_request_error", problems))
+        return _json(_error(400, "invalid_request_error", describe(exc)))
     canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True)
     fingerprint = hashlib.sha256(f"{request.url.path}\n{canonical}".encode()).hexdigest()
     try:
@@ -206,10 +204,10 @@ async def _refunded(conn: Conn, charge: asyncpg.Record) -> dict[str, Any]:
 
 def bound_socket(bind: str) -> socket.socket:
     """The listening socket for ``host:port``, or a ConfigError naming the setting."""
-    host, _, port = bind.rpartition(":")
+    host, port = parse_bind("SAGA_PAYMENTS_API_BIND", bind)
     try:
-        sock = socket.create_server((host.strip("[]"), int(port)), reuse_port=False)
-    except (ValueError, OSError) as exc:
+        sock = socket.create_server((host, port), reuse_port=False)
+    except OSError as exc:
         raise ConfigError(f"SAGA_PAYMENTS_API_BIND {bind!r}: cannot listen there ({exc})") from None
     return sock
 

@@ -286,6 +286,10 @@ async def test_start_wait_returns_at_a_gate_with_its_own_exit_code(
         ({}, ("faults", "add", "erp.nope", "--order", "X", "--mode", "permanent"),
          "unknown action 'erp.nope'"),
         ({}, ("show",), "give a SAGA_ID, or --order ORDER_ID"),
+        ({"SAGA_METRICS_BIND": "127.0.0.1:99999"}, ("run", "coordinator"),
+         "SAGA_METRICS_BIND '127.0.0.1:99999': write HOST:PORT"),
+        ({"SAGA_PAYMENTS_API_BIND": "nohost", "SAGA_METRICS_BIND": "off"}, ("run", "payments-api"),
+         "SAGA_PAYMENTS_API_BIND 'nohost': write HOST:PORT"),
         ({}, ("start", "--order", "X"), "give a saga name, or --step actions"),
     ],
 )  # fmt: skip

@@ -116,22 +116,25 @@ async def notify(call: Call[Notify, Shop]) -> Result:
     return {}
 
 
+def undo(params: Undo, id_field: str, made: dict[str, str], undone: list[str]) -> bool:
+    """Undo what the forward call made, found by its id or by its key; False: nothing was."""
+    target = params.target(id_field)
+    found = target.get(id_field) or made.get(str(target.get("forward_key")))
+    if isinstance(found, str):
+        undone.append(found)
+    return found is not None
+
+
 @SHOP.compensation("shop.release")
 async def release(call: Call[Release, Shop]) -> Result:
-    target = call.params.target("reservation_id")
-    found = target.get("reservation_id") or call.deps.held.get(str(target.get("forward_key")))
-    if isinstance(found, str):
-        call.deps.released.append(found)
-    return {"released": found is not None}
+    shop = call.deps
+    return {"released": undo(call.params, "reservation_id", shop.held, shop.released)}
 
 
 @SHOP.compensation("shop.refund")
 async def refund(call: Call[Refund, Shop]) -> Result:
-    target = call.params.target("charge_id")
-    found = target.get("charge_id") or call.deps.charged.get(str(target.get("forward_key")))
-    if isinstance(found, str):
-        call.deps.refunded.append(found)
-    return {"refunded": found is not None}
+    shop = call.deps
+    return {"refunded": undo(call.params, "charge_id", shop.charged, shop.refunded)}
 
 
 @pytest.fixture
