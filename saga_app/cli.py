@@ -15,6 +15,7 @@ import asyncpg
 import click
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
+from saga_app.cli_console import console_user
 from saga_app.cli_contract import schema, watch
 from saga_app.cli_decide import (
     abort,
@@ -28,22 +29,24 @@ from saga_app.cli_dlq import dlq
 from saga_app.cli_mcp import mcp
 from saga_app.cli_new import new
 from saga_app.cli_ops import effects, faults
+from saga_app.cli_read import list_, rejections, show
 from saga_app.cli_setup import setup, tls
 from saga_app.cli_support import (
     EXIT_STOPPED,
     EXIT_TIMEOUT,
+    SagaGroup,
+    Seconds,
     cli_bus,
-    dump,
+    read_settings_later,
     run_async,
     settings_of,
     with_store,
 )
+from saga_app.console.settings import ConsoleSettings
 from saga_app.demo import run_demo
+from saga_app.output import dump
 from saga_app.stack import Stack
-from saga_coordinator.incident import incident, render_markdown
 from saga_coordinator.register import SagaState
-from saga_coordinator.report import render_register, table
-from saga_coordinator.store import Store
 from shared import logs, metrics, tracing
 from shared.bus import Bus
 from shared.client import SagaClient
@@ -54,16 +57,20 @@ from shared.identity import Directory, database_url_for
 from shared.messages import Plan, PlanStep
 from shared.migrations import migrate as run_migrations
 from shared.migrations import pending
-from shared.text import clean
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.group(
+    cls=SagaGroup, context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
+)
 @click.option("--amqp-url", envvar="SAGA_AMQP_URL", help="RabbitMQ URL [env SAGA_AMQP_URL]")
 @click.option("--database-url", envvar="SAGA_DATABASE_URL", help="Postgres [SAGA_DATABASE_URL]")
 @click.option("--namespace", envvar="SAGA_NAMESPACE", help="Queue prefix [SAGA_NAMESPACE]")
 @click.option("--partitions", envvar="SAGA_PARTITIONS", type=int, help="[SAGA_PARTITIONS]")
 @click.option("--catalog", envvar="SAGA_CATALOG_PATH", help="Catalog TOML [SAGA_CATALOG_PATH]")
-@click.option("--log-level", envvar="SAGA_LOG_LEVEL", default="INFO", help="[SAGA_LOG_LEVEL]")
+@click.option(
+    "--log-level", envvar="SAGA_LOG_LEVEL", default="INFO", help="[SAGA_LOG_LEVEL]",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
+)  # fmt: skip
 @click.option(
     "--log-format", envvar="SAGA_LOG_FORMAT", default="text",
     type=click.Choice(["text", "json"]), help="json: one object per line [SAGA_LOG_FORMAT]",
@@ -82,10 +89,7 @@ def main(ctx: click.Context, /, **options: Any) -> None:
         for noisy in ("aiormq", "aio_pika"):
             logging.getLogger(noisy).setLevel(logging.CRITICAL)
     options["catalog_path"] = options.pop("catalog")
-    try:
-        ctx.obj = Settings.from_env(**options)
-    except SagaError as exc:
-        raise click.ClickException(str(exc)) from None
+    read_settings_later(ctx, options)
 
 
 @main.command()
@@ -98,8 +102,9 @@ def run(ctx: click.Context, components: tuple[str, ...], demo: bool) -> None:
     """Run components in the foreground until SIGINT/SIGTERM (default: all).
 
     A component is one of: all, coordinator, inventory, erp, payments, email, payments-http
-    (payments through the HTTP API), payments-api (that API); or a service of your own, as
-    package.module:attribute (a services.sdk.Service)."""
+    (payments through the HTTP API), payments-api (that API), console (the operators' web
+    console; with all, it runs when SAGA_CONSOLE_USERS names an accounts file); or a service
+    of your own, as package.module:attribute (a services.sdk.Service)."""
     settings = settings_of(ctx)
     run_async(_serve(settings, components or ("all",), demo))
 
@@ -151,7 +156,7 @@ async def _start_when_ready(
         with attempt:
             if stop.is_set():
                 return None
-            stack = Stack(settings, components)
+            stack = Stack(settings, components, console=ConsoleSettings.from_env())
             try:
                 await _schema_ready(settings)
                 await stack.start()
@@ -245,7 +250,7 @@ def _parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--step", "steps", multiple=True, help="Ad-hoc plan: an action, repeatable")
 @click.option("--priority", multiple=True, help="Ad-hoc plan: compensate this action first")
 @click.option("--saga-id", help="Choose the saga ID (default: a new UUID)")
-@click.option("--wait", "wait_s", type=float, help="Wait this many seconds for the outcome")
+@click.option("--wait", "wait_s", type=Seconds(), help="Wait this many seconds for the outcome")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str, ...],
@@ -296,149 +301,7 @@ def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str
 
 
 @main.command()
-@click.argument("saga_id", required=False)
-@click.option("--order", "order_id", help="Show every saga of this order")
-@click.option("--history", is_flag=True, help="Also list every message handled")
-@click.option(
-    "--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
-    help="markdown: the incident report, to attach to a ticket",
-)  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Same as --format json")
-@click.pass_context
-def show(ctx: click.Context, saga_id: str | None, order_id: str | None, history: bool,
-         fmt: str, as_json: bool) -> None:  # fmt: skip
-    """The register of a saga (or of every saga of an order), its incident report, and whether
-    its order is blocked."""
-    if saga_id is None and order_id is None:
-        raise click.UsageError("give a SAGA_ID, or --order ORDER_ID for an order's sagas")
-    if saga_id is not None and order_id is not None:
-        raise click.UsageError("give a SAGA_ID or --order, not both")
-    fmt = "json" if as_json else fmt
-
-    async def work(store: Store) -> list[dict[str, Any]]:
-        if order_id:
-            states = await store.by_order(order_id)
-        else:
-            states = [s for s in [await store.get(saga_id or "")] if s]
-        items = []
-        for state in states:
-            item = state.register()
-            item["report"] = incident(state)
-            item["order_blocked_by"] = await store.blocks(state.order_id)
-            item["parked"] = len(await store.parked(state.order_id))
-            if history:
-                item["history"] = await store.history(state.saga_id)
-            items.append(item)
-        return items
-
-    found = run_async(with_store(settings_of(ctx), work))
-    if not found and order_id:
-        held = run_async(with_store(settings_of(ctx), lambda s: _order_held(s, order_id)))
-        if held is not None:
-            dump(held) if fmt == "json" else click.echo(_render_held(held))
-            return
-    if not found:
-        raise click.ClickException(
-            f"no saga {saga_id}" if saga_id else f"no saga for order {order_id}"
-        )
-    if fmt == "json":
-        dump(found[0] if saga_id else found)
-        return
-    for item in found:
-        if fmt == "markdown":
-            click.echo(render_markdown(_state_of(item)))
-        else:
-            _echo_item(item, history)
-
-
-async def _order_held(store: Store, order_id: str) -> dict[str, Any] | None:
-    """An order without a saga that is still held: blocked by a dead letter, or with
-    commands parked behind one."""
-    blocks, parked = await store.blocks(order_id), await store.parked(order_id)
-    if not blocks and not parked:
-        return None
-    return {"order_id": order_id, "sagas": [], "order_blocked_by": blocks, "parked": parked}
-
-
-def _render_held(held: dict[str, Any]) -> str:
-    lines = [f"order {held['order_id']}: no saga yet, but the order is held"]
-    for block in held["order_blocked_by"]:
-        lines.append(f"  BLOCKED by {block['message_id']} ({block['state']}): {block['reason']}")
-    for item in held["parked"]:
-        lines.append(f"  parked: {item['message_type']} {item['message_id']} ({item['reason']})")
-    lines.append(f"see `saga dlq list --order {held['order_id']}`")
-    return clean("\n".join(lines), 100_000)
-
-
-def _state_of(item: dict[str, Any]) -> SagaState:
-    extras = ("order_blocked_by", "parked", "history", "report")
-    return SagaState.model_validate({k: v for k, v in item.items() if k not in extras})
-
-
-def _echo_item(item: dict[str, Any], history: bool) -> None:
-    click.echo(render_register(_state_of(item)))
-    for block in item["order_blocked_by"]:
-        click.echo(
-            f"order BLOCKED by {block['message_id']} ({block['state']}): {block['reason']};"
-            f" {item['parked']} message(s) parked behind it"
-            f" (see `saga dlq list --order {item['order_id']}`)"
-        )
-    if history:
-        rows = [(r["seq"], r["handled_at"], r["message_type"], r["note"]) for r in item["history"]]
-        click.echo(table(("seq", "handled at", "message", "note"), rows))
-    click.echo()
-
-
-STATUSES = ("waiting", "running", "awaiting_approval", "compensating", "completed",
-            "compensated", "needs_human", "resolved", "blocked")  # fmt: skip
-
-
-@main.command("list")
-@click.option("--status", type=click.Choice(STATUSES), help="blocked: orders held by dead letters")
-@click.option("--order", "order_id")
-@click.option("--limit", default=100, type=click.IntRange(1, 10_000))
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def list_(ctx: click.Context, status: str | None, order_id: str | None, limit: int,
-          as_json: bool) -> None:  # fmt: skip
-    """Sagas, newest first (waiting ones say what they wait for); or blocked orders."""
-    settings = settings_of(ctx)
-    if status == "blocked":
-        rows = run_async(with_store(settings, lambda s: s.blocked_orders(limit)))
-        keys: tuple[str, ...] = (
-            "order_id",
-            "message_id",
-            "state",
-            "parked",
-            "created_at",
-            "reason",
-        )
-    else:
-        rows = run_async(with_store(settings, lambda s: s.list_sagas(status, order_id, limit)))
-        keys = ("saga_id", "order_id", "saga", "status", "waiting_for", "created_at", "updated_at")
-    if as_json:
-        dump(rows)
-        return
-    click.echo(table(keys, [[r[k] for k in keys] for r in rows]))
-
-
-@main.command()
-@click.option("--order", "order_id")
-@click.option("--limit", default=100, type=click.IntRange(1, 10_000))
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def rejections(ctx: click.Context, order_id: str | None, limit: int, as_json: bool) -> None:
-    """Commands the gateway refused, newest first, with the rule and the reason."""
-    rows = run_async(with_store(settings_of(ctx), lambda s: s.rejections(order_id, limit)))
-    if as_json:
-        dump(rows)
-        return
-    keys = ("rejected_at", "sender", "order_id", "command_type", "rule", "reason")
-    click.echo(table(keys, [[clean(str(r[k]), 200) for k in keys] for r in rows]))
-
-
-@main.command()
-@click.option("--wait", "wait_s", default=60.0, type=float)
+@click.option("--wait", "wait_s", default=60.0, type=Seconds())
 @click.pass_context
 def demo(ctx: click.Context, wait_s: float) -> None:
     """Act as an agent against a running stack: three sagas, each register printed."""
@@ -448,6 +311,8 @@ def demo(ctx: click.Context, wait_s: float) -> None:
 for command in (abort, approve, reject, resume, resolve):
     main.add_command(command)
 main.add_command(dlq)
+for command in (show, list_, rejections):
+    main.add_command(command)
 main.add_command(schema)
 main.add_command(watch)
 main.add_command(faults)
@@ -456,6 +321,7 @@ main.add_command(setup)
 main.add_command(tls)
 main.add_command(mcp)
 main.add_command(new)
+main.add_command(console_user)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -13,6 +12,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from pydantic import Field, TypeAdapter
 
 from saga_app.cli_support import cli_bus, run_async, settings_of
+from saga_app.output import json_line
 from shared.codec import decode
 from shared.config import Settings
 from shared.contract import export
@@ -78,13 +78,13 @@ async def _watch(settings: Settings, order_id: str | None, as_json: bool) -> Non
 
 def _alert_line(alert: Alert, as_json: bool) -> str:
     if as_json:
-        return json.dumps(alert.model_dump(mode="json", exclude_none=True))
+        return json_line(alert.model_dump(mode="json", exclude_none=True))
     return clean(f"{alert.timestamp:%H:%M:%S}  {alert.type:<24} {alert.detail}", 2000)
 
 
 def _line(event: SagaEvent, as_json: bool) -> str:
     if as_json:
-        return json.dumps(event.model_dump(mode="json", exclude_none=True))
+        return json_line(event.model_dump(mode="json", exclude_none=True))
     where = f" step {event.step} {event.action}" if event.action else ""
     detail = f"  {event.detail}" if event.detail else ""
     return clean(

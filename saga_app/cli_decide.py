@@ -14,13 +14,14 @@ import click
 
 from saga_app.cli_support import (
     EXIT_TIMEOUT,
+    Seconds,
     cli_bus,
-    dump,
     not_blank,
     run_async,
     settings_of,
     with_store,
 )
+from saga_app.output import dump
 from saga_coordinator.register import SagaState
 from saga_coordinator.report import render_register
 from shared.client import SagaClient
@@ -95,7 +96,7 @@ def decision_command(name: str) -> click.Command:
     for option in (
         click.option("--json", "as_json", is_flag=True),
         click.option(
-            "--wait", "wait_s", type=float, help="Wait this many seconds for the next stop"
+            "--wait", "wait_s", type=Seconds(), help="Wait this many seconds for the next stop"
         ),
         # (no default at all when required: click 8.5 takes default=None as a value given)
         click.option(

@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import json
-import re
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import click
 
-from saga_app.cli_support import (
-    cli_bus,
-    dump,
-    not_blank,
-    run_async,
-    settings_of,
-    with_store,
-)
+from saga_app.cli_support import cli_bus, not_blank, run_async, settings_of, with_store
+from saga_app.moments import parse_moment
+from saga_app.output import dump, table
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.processor import Processor
-from saga_coordinator.report import table
 from saga_coordinator.store import Store
 from shared.client import SagaClient
 from shared.config import Settings
@@ -28,27 +21,15 @@ from shared.messages import DeskReply
 from shared.text import clean
 from shared.topology import Topology
 
-_RELATIVE = re.compile(r"^(\d{1,9})([smhd])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-
 
 def parse_since(text: str | None) -> datetime | None:
     """``30m``, ``2h``, ``1d`` ago, or an ISO timestamp (UTC when no zone is given)."""
     if text is None:
         return None
-    match = _RELATIVE.match(text.strip())
-    if match:
-        try:
-            return datetime.now(UTC) - timedelta(**{_UNITS[match[2]]: int(match[1])})
-        except OverflowError:
-            raise click.BadParameter(f"{text!r}: too far back", param_hint="--since") from None
     try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(
-            f"{text!r}: use 30m, 2h, 1d or an ISO time", param_hint="--since"
-        ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return parse_moment(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--since") from None
 
 
 def _desk(settings: Settings, store: Store) -> DeadLetterDesk:
@@ -83,11 +64,8 @@ def dlq_list(ctx: click.Context, order_id: str | None, reason: str | None, since
         return
     keys = ("id", "status", "order_id", "message_type", "source_queue", "reason", "sender",
             "blocks_order", "delivery_count", "times_dead", "updated_at", "error")  # fmt: skip
-    click.echo(table(keys, [[_short(r[k]) for k in keys] for r in rows]))
-
-
-def _short(value: Any, width: int = 60) -> Any:
-    return clean(str(value) if value is not None else "", width)
+    # the error in full is in `saga dlq show`; every other cell is whole
+    table(keys, [[*(r[k] for k in keys[:-1]), clean(str(r["error"] or ""), 60)] for r in rows])
 
 
 @dlq.command("show")

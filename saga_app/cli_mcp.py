@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
 
 import click
 from aiormq.exceptions import AMQPError
@@ -21,14 +24,30 @@ async def _reachable(settings: Settings, catalog: Catalog) -> None:
     """Connect once before serving, so that a broker that is away or a system not yet set up
     is a clear error here rather than a session that dies when a client attaches."""
     try:
-        async with connected(settings, catalog):
-            return
+        with _quiet("aiormq", "aio_pika"):
+            async with connected(settings, catalog):
+                return
     except (OSError, AMQPError) as exc:
         raise click.ClickException(
             f"cannot reach the saga system on the broker ({exc}): is it running, with its "
             "topology declared (`saga run`, `saga declare`), and SAGA_AMQP_URL and "
             "SAGA_NAMESPACE pointing at it?"
         ) from None
+
+
+@contextlib.contextmanager
+def _quiet(*loggers: str) -> Iterator[None]:
+    """The client library's own lines about a failed connection, silenced for the one attempt
+    that is said in one line below; once serving, its reconnect lines are worth reading."""
+    found = [logging.getLogger(name) for name in loggers]
+    levels = [logger.level for logger in found]
+    for logger in found:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(found, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _exit_now(signum: int, frame: object) -> None:

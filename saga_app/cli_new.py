@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
+from saga_app.output import dump
 from services.scaffold import new_adapter
 from shared.errors import SagaError
 
@@ -34,7 +34,7 @@ def adapter(name: str, into: Path, as_json: bool) -> None:
     except OSError as exc:
         raise click.ClickException(f"cannot write {into / name}: {exc.strerror}") from None
     if as_json:
-        click.echo(json.dumps({"package": str(into / name), "files": [str(p) for p in written]}))
+        dump({"package": str(into / name), "files": [str(p) for p in written]})
         return
     for path in written:
         click.echo(f"wrote {path}")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
-from saga_app.cli_support import dump, run_async, settings_of, with_pool
-from saga_coordinator.report import table
+from saga_app.cli_support import run_async, settings_of, with_pool
+from saga_app.output import dump, table, warning
 from services import faults as fault_store
-from services.effects import effects_for_order, render_effects
+from services.effects import applied_twice, effect_tables, effects_for_order
+from shared.text import clean
 
 
 @click.group()
@@ -31,7 +32,7 @@ def faults_add(ctx: click.Context, action: str, order_id: str, mode: str) -> Non
     run_async(
         with_pool(settings_of(ctx), lambda p: fault_store.add_fault(p, action, order_id, mode))
     )
-    click.echo(f"fault {mode} on {action} for order {order_id}")
+    click.echo(clean(f"fault {mode} on {action} for order {order_id}"))
 
 
 @faults.command("list")
@@ -43,7 +44,7 @@ def faults_list(ctx: click.Context, as_json: bool) -> None:
         dump(rows)
     else:
         keys = ("action", "order_id", "mode", "remaining", "created_at")
-        click.echo(table(keys, [[r.get(k) for k in keys] for r in rows]))
+        table(keys, [[r.get(k) for k in keys] for r in rows])
 
 
 @faults.command("clear")
@@ -61,4 +62,14 @@ def faults_clear(ctx: click.Context, order_id: str | None) -> None:
 def effects(ctx: click.Context, order_id: str, as_json: bool) -> None:
     """What the simulated systems hold for an order, and how often each effect was applied."""
     found = run_async(with_pool(settings_of(ctx), lambda p: effects_for_order(p, order_id)))
-    dump(found) if as_json else click.echo(render_effects(found))
+    if as_json:
+        dump(found)
+        return
+    for i, (title, headers, rows) in enumerate(effect_tables(found)):
+        if i:
+            click.echo()
+        table(headers, rows, title=title)
+    twice = applied_twice(found)
+    if twice:
+        click.echo()
+        warning(f"WARNING: applied more than once for key(s): {', '.join(twice)}")

@@ -4,13 +4,16 @@ permission table."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import get_args
 
 import click
 
-from saga_app.cli_support import dump, run_async, settings_of
+from saga_app.cli_support import run_async, settings_of
+from saga_app.output import dump, table
 from saga_coordinator.access import grants
 from saga_coordinator.provision import (
     BrokerMethod,
@@ -21,9 +24,24 @@ from saga_coordinator.provision import (
     setup_broker,
     setup_database,
 )
-from saga_coordinator.report import table
 from saga_coordinator.tls import make_development_ca
 from shared.errors import SagaError
+
+_HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9*]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9-]+)*$")
+
+
+def _hosts(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    """Names and addresses a certificate can be valid for: anything else would be written into
+    it (and echoed) as it came."""
+    for host in value:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            if not _HOST_NAME.match(host):
+                raise click.BadParameter(
+                    f"{host!r} is neither a host name nor an IP address"
+                ) from None
+    return value
 
 
 @click.command()
@@ -85,7 +103,7 @@ def setup(
             )
             for g in grants(settings)
         ]
-        click.echo(table(("role", "user", "configure", "write", "read", "topics"), rows))
+        table(("role", "user", "configure", "write", "read", "topics"), rows)
         return
     if secrets_dir:
         settings = settings.with_(secrets_dir=str(Path(secrets_dir).resolve()))
@@ -139,6 +157,7 @@ def setup(
     "hosts",
     multiple=True,
     default=("localhost", "127.0.0.1"),
+    callback=_hosts,
     help="A name or address the server certificate is valid for (repeatable)",
 )
 def tls(directory: Path, hosts: tuple[str, ...]) -> None:

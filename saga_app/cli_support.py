@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -20,18 +20,56 @@ from shared.codec import describe
 from shared.config import Settings, masked
 from shared.errors import SagaError
 from shared.identity import Directory, database_url_for
+from shared.text import clean
 
 T = TypeVar("T")
 EXIT_REFUSED = 2
 EXIT_TIMEOUT = 3
 EXIT_STOPPED = 4  # --wait: the saga stopped at a gate, waiting for a person
+_OVERRIDES, _SETTINGS = "saga.overrides", "saga.settings"
+
+
+class SagaGroup(click.Group):
+    """The ``saga`` group: whatever error a command ends with is shown as one line, control
+    characters escaped (an ID or a reason that someone else chose is part of many errors, and
+    must not be able to rewrite what the operator's terminal shows)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:
+            said = exc.format_message()
+            if one_line(said) == said or isinstance(exc, click.exceptions.NoArgsIsHelpError):
+                raise  # (a group without its command shows its help, lines and all)
+            if isinstance(exc, click.UsageError):
+                raise click.UsageError(one_line(said), exc.ctx) from None
+            raise click.ClickException(one_line(said)) from None
+
+
+def one_line(text: str) -> str:
+    return " ".join(clean(text, 4000).splitlines())
+
+
+class Seconds(click.FloatRange):
+    """How long to wait: up to a day; NaN, which every range check lets through, refused."""
+
+    name = "seconds"
+
+    def __init__(self) -> None:
+        super().__init__(min=0, max=86_400)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if math.isnan(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return loop.run(coro)
     except CommandRejected as exc:
-        click.echo(f"refused: {exc.reason}", err=True)
+        click.echo(f"refused: {one_line(exc.reason)}", err=True)
         sys.exit(EXIT_REFUSED)
     except SagaError as exc:
         raise click.ClickException(str(exc)) from None
@@ -56,18 +94,28 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
 def _where(setting: str) -> str:
     """``SAGA_X=url`` (password masked) for the settings of the command running."""
     ctx = click.get_current_context(silent=True)
-    settings = ctx.find_object(Settings) if ctx is not None else None
+    settings = ctx.meta.get(_SETTINGS) if ctx is not None else None
     url = getattr(settings, setting, "") if settings is not None else ""
     return f"SAGA_{setting.upper()}={masked(url)}"
 
 
+def read_settings_later(ctx: click.Context, overrides: dict[str, Any]) -> None:
+    """Keep the group's flags for ``settings_of``: a command's ``--help``, and a command that
+    needs no settings (``saga tls``, ``saga new``), work whatever the environment holds."""
+    ctx.meta[_OVERRIDES] = overrides
+
+
 def settings_of(ctx: click.Context) -> Settings:
-    settings: Settings = ctx.obj
+    """The settings (read at the first call), or a one-line error naming the variable."""
+    found = ctx.meta.get(_SETTINGS)
+    if isinstance(found, Settings):
+        return found
+    try:
+        settings = Settings.from_env(**ctx.meta.get(_OVERRIDES, {}))
+    except SagaError as exc:
+        raise click.ClickException(str(exc)) from None
+    ctx.meta[_SETTINGS] = settings
     return settings
-
-
-def dump(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, default=str))
 
 
 async def with_store(

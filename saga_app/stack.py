@@ -11,6 +11,8 @@ from typing import Any, cast
 
 import asyncpg
 
+from saga_app.console.runner import ConsoleRunner
+from saga_app.console.settings import ConsoleSettings
 from saga_coordinator.coordinator import Coordinator
 from saga_coordinator.dead_letters import DeadLetterIngester
 from saga_coordinator.desk import DeadLetterDesk
@@ -34,7 +36,8 @@ from shared.sql import create_pool
 
 log = logging.getLogger(__name__)
 # Besides these, a component may be a service of one's own, as ``package.module:attribute``.
-COMPONENTS: tuple[str, ...] = ("coordinator", *SYSTEMS, *VARIANTS, "payments-api")
+COMPONENTS: tuple[str, ...] = ("coordinator", *SYSTEMS, *VARIANTS, "payments-api", "console")
+_NOT_SERVICES = ("coordinator", "payments-api", "console")
 
 
 class Stack:
@@ -44,19 +47,34 @@ class Stack:
     coordinator's parts as the coordinator, each adapter as its service), so even components
     sharing this process are told apart by the broker and the database."""
 
-    def __init__(self, settings: Settings, components: Iterable[str] = ("all",)) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        components: Iterable[str] = ("all",),
+        console: ConsoleSettings | None = None,
+    ) -> None:
+        """``console``: the console's settings; with ``all``, the console runs when they name an
+        accounts file."""
         self.settings = settings
         self.catalog: Catalog = load_catalog(settings.catalog_file)
         chosen = [c for c in dict.fromkeys(components) if c != "all"]
         self.services: dict[str, Service[Any]] = {
-            c: load_service(c) for c in chosen if c not in ("coordinator", "payments-api")
+            c: load_service(c) for c in chosen if c not in _NOT_SERVICES
         }
         if "all" in components:  # the coordinator, and a built-in adapter per service left
             taken = {s.name for s in self.services.values()}
             needed = [s for s in SYSTEMS if s in self.catalog.services and s not in taken]
             self.services |= {s: SYSTEMS[s] for s in needed}
             chosen = list(dict.fromkeys(["coordinator", *needed, *chosen]))
+            if console is not None and console.users:
+                chosen.append("console")
+            elif console is not None:
+                log.warning("console not started: no SAGA_CONSOLE_USERS accounts file "
+                            "(create one with `saga console-user`)")  # fmt: skip
         self.components = chosen
+        self.console_runner: ConsoleRunner | None = None
+        if "console" in chosen:  # the accounts file is read now: a bad one is an error at once
+            self.console_runner = ConsoleRunner(console or ConsoleSettings(), self.catalog)
         self._check_services()
         self.directory = Directory.from_settings(settings)
         self._shared = settings.identity == "shared"
@@ -136,6 +154,8 @@ class Stack:
             runners.append((component, adapter.run()))
         if "payments-api" in self.components:
             runners.append(("payments-api", await self._payments_api()))
+        if self.console_runner is not None:
+            runners.append(("console", await self._console_part(self.console_runner)))
         self._tasks = [asyncio.create_task(coro, name=name) for name, coro in runners]
         if self._shared:
             log.warning("SAGA_IDENTITY=shared: one broker account for everything; senders are "
@@ -149,6 +169,20 @@ class Stack:
         pool = await create_pool(self.settings.database_url, min_size=1, max_size=10)
         self._own_pools.append(pool)
         return serve_payments_api(pool, sock)
+
+    async def _console_part(self, console: ConsoleRunner) -> Coroutine[Any, Any, None]:
+        """The console reads as the read-only role and acts as the console's broker account."""
+        console.bind()
+        key = "shared" if self._shared else "console"
+        user = self.directory.user("console")
+        check_connects_as(self.settings, user, "the console")
+        bus = self._buses.setdefault(key, Bus(self.settings, user=user))
+        if not bus.connected:
+            await bus.connect()
+        url = database_url_for(self.settings, "reader")
+        pool = await create_pool(url, min_size=1, max_size=5)
+        self._own_pools.append(pool)
+        return console.run(bus, pool)
 
     def _coordinator_parts(
         self, bus: Bus, pool: asyncpg.Pool
@@ -203,3 +237,5 @@ class Stack:
         for pool in [*self._pools.values(), *self._own_pools]:
             await pool.close()
         self._pools, self._own_pools = {}, []
+        if self.console_runner is not None:
+            self.console_runner.close()

@@ -93,7 +93,7 @@ class DeadLetterDesk:
 
     async def perform(self, command: DeskCommand) -> DeskReply:
         sender = command.sender
-        actor, role = (sender.user, sender.role) if sender else ("", "")
+        actor, role = (sender.user, sender.acting_as) if sender else ("", "")
         try:
             if isinstance(command, ReplayDeadLetters):
                 if command.dead_letter_id is not None:

@@ -35,7 +35,6 @@ from shared.messages import (
     Outbound,
     QuerySaga,
     Role,
-    Sender,
     StartSaga,
 )
 from shared.ratelimit import TokenBuckets
@@ -111,12 +110,13 @@ class Gatekeeper:
             raise InvalidMessage("sender: set by the gateway from the broker's user_id, not sent")
         if command.reply_to and command.reply_to.startswith(f"{self.settings.namespace}."):
             raise PlanRejected("reply_to", f"reply_to {command.reply_to!r} is a system queue")
-        refused = may_send(role, command.type)
+        sender = trust.acting_sender(self.directory, user, role, delivery.headers)
+        refused = may_send(sender.role, command.type)
         if refused is not None:
             raise PlanRejected("not_permitted", refused)
         if isinstance(command, StartSaga):
             admit(self.catalog, command)
-        return command.model_copy(update={"sender": Sender(user=user, role=role)})
+        return command.model_copy(update={"sender": sender})
 
     def _check_route(self, key: str, command: Admitted, partition: int | None) -> None:
         """At the intake a command comes under its type; at a partition, under its type and the

@@ -138,5 +138,5 @@ def decided(kind: str, note: str, command: AnyCommand, now: datetime) -> Decisio
         note=note,
         at=now,
         by=sender.user if sender else "",
-        role=sender.role if sender else "",
+        role=sender.acting_as if sender else "",
     )

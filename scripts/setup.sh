@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Set everything up on a fresh clone: virtualenv, install, database schema, topology. Idempotent.
+# Set everything up on a fresh clone: the broker and the database (reachable, or started by
+# scripts/services.sh), virtualenv, install, database schema, topology. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+bash scripts/services.sh
+# The URLs of the private instances it started, if any (run.sh and test.sh source it too).
+. "${SAGA_SERVICES_DIR:-.saga/services}.env"
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

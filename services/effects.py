@@ -32,29 +32,28 @@ async def effects_for_order(pool: asyncpg.Pool, order_id: str) -> dict[str, Rows
         }
 
 
-def render_effects(effects: dict[str, Rows]) -> str:
-    """A plain-text table per section, for a terminal."""
-    blocks = [_table(section, effects.get(section, [])) for section, _ in _SECTIONS]
-    twice = [r for r in effects.get("applied", []) if _as_int(r.get("times")) > 1]
-    if twice:
-        keys = ", ".join(str(r["idempotency_key"]) for r in twice)
-        blocks.append(f"WARNING: applied more than once for key(s): {keys}")
-    return "\n\n".join(blocks)
+def effect_tables(effects: dict[str, Rows]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """Each section as a titled table for a person: its title with the count, its columns,
+    its cells as text (the CLI draws them)."""
+    tables = []
+    for section, _ in _SECTIONS:
+        rows = effects.get(section, [])
+        columns = list(rows[0]) if rows else []
+        tables.append(
+            (
+                f"{section} ({len(rows)})",
+                columns,
+                [[_cell(r.get(c)) for c in columns] for r in rows],
+            )
+        )
+    return tables
 
 
-def _table(title: str, rows: Rows) -> str:
-    heading = f"{title} ({len(rows)})"
-    if not rows:
-        return f"{heading}\n  (none)"
-    columns = list(rows[0])
-    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
-
-    def line(values: list[str]) -> str:
-        return "  " + "  ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)).rstrip()
-
-    rule = "  " + "  ".join("-" * w for w in widths)
-    return "\n".join([heading, line(columns), rule, *(line(c) for c in cells)])
+def applied_twice(effects: dict[str, Rows]) -> list[str]:
+    """The idempotency keys whose effect landed more than once: what must never happen."""
+    return [
+        str(r["idempotency_key"]) for r in effects.get("applied", []) if _as_int(r.get("times")) > 1
+    ]
 
 
 def _cell(value: object) -> str:

@@ -12,6 +12,7 @@ gateway's reason otherwise. ``wait`` follows the public lifecycle events.
 from __future__ import annotations
 
 import asyncio
+import copy
 import uuid
 from collections.abc import Mapping
 from typing import Annotated, Any
@@ -40,6 +41,7 @@ from shared.messages import (
     SagaEvent,
     StartSaga,
 )
+from shared.trust import ON_BEHALF_HEADER
 
 TERMINAL_EVENTS = ("saga.completed", "saga.compensated", "saga.needs_human", "saga.resolved")
 # Where a saga stops for someone: wait() returns at these too when asked to.
@@ -73,6 +75,7 @@ class SagaClient:
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         # The reply to the last command: ``command.parked`` says it waits behind a blocked order.
         self.last_reply: CommandReply | None = None
+        self._person: str | None = None
 
     async def __aenter__(self) -> SagaClient:
         await self.open()
@@ -93,6 +96,14 @@ class SagaClient:
         for key in (*TERMINAL_EVENTS, *PAUSE_EVENTS):
             await events.bind(exchange, routing_key=key)
         await events.consume(self._on_event, no_ack=True)
+
+    def on_behalf_of(self, person: str) -> SagaClient:
+        """This client, sending for ``person`` (the console's signed-in people): it shares the
+        open channel and reply queue, and its commands name the person, which the coordinator
+        honours only from the console's account."""
+        view = copy.copy(self)
+        view._person = person
+        return view
 
     async def close(self) -> None:
         if self._channel is not None and not self._channel.is_closed:
@@ -242,6 +253,8 @@ class SagaClient:
                 attributes=tracing.attributes(saga_id, order_id or ""),
             ):  # fmt: skip
                 headers = tracing.headers_of()
+                if self._person is not None:
+                    headers[ON_BEHALF_HEADER] = self._person
                 await self.bus.publish(self.bus.topology.commands_exchange, key, command, headers)
             return await asyncio.wait_for(future, self.reply_timeout_s)
         finally:

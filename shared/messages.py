@@ -90,6 +90,14 @@ class Sender(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     user: Identifier
     role: Role
+    # The account that vouched for ``user`` when it is not the publisher itself: the console,
+    # which signs people in and sends their decisions from its own broker account.
+    via: Identifier | None = None
+
+    @property
+    def acting_as(self) -> str:
+        """The role as the register shows it: ``person via saga-console``."""
+        return f"{self.role} via {self.via}" if self.via else self.role
 
 
 class _Command(Envelope):

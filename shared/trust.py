@@ -7,13 +7,27 @@ message an operator replayed, the ``user_id`` it carried when it first arrived).
 
 from __future__ import annotations
 
+import re
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
-from shared.errors import InvalidMessage
+from shared.errors import InvalidMessage, PlanRejected
 from shared.identity import Directory
-from shared.messages import ActionDone, ActionFailed, ActionRequest, PartitionMessage, Role
+from shared.messages import (
+    ActionDone,
+    ActionFailed,
+    ActionRequest,
+    PartitionMessage,
+    Role,
+    Sender,
+)
+from shared.text import header_text
 
 REPLAY_HEADER = "x-replay-of"
+# Set by the console on the commands it sends for the person signed in to it.
+ON_BEHALF_HEADER = "x-on-behalf-of"
+_PERSON = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 # Fixed for ever: the ids the intake forwards commands under derive from it, and a changed one
 # would let a re-sent command through as new.
 FORWARD_NAMESPACE = uuid.UUID("0c3b8f0e-5d5e-4a51-9f0e-7a2b64d1c9a7")
@@ -37,6 +51,25 @@ def command_sender(directory: Directory, user: str | None) -> Role:
     if role is None:
         raise Forged(f"user {user!r} may not send commands")
     return role
+
+
+def acting_sender(
+    directory: Directory, user: str, role: Role, headers: Mapping[str, Any] | None
+) -> Sender:
+    """Who a command acts for. The console signs people in and sends their decisions from its
+    own account, naming the person in ``x-on-behalf-of``: the command then has a person's
+    rights and the register records that person, via the console. Only the console's account
+    (or the one account of ``shared`` mode) may name someone else."""
+    named = (headers or {}).get(ON_BEHALF_HEADER)
+    if named is None:
+        return Sender(user=user, role=role)
+    if directory.verifies and role != "console":
+        raise PlanRejected("not_permitted", f"only the console may act on behalf of a person, "
+                           f"not {role} account {user!r}")  # fmt: skip
+    person = header_text(named, 80)
+    if person is None or not _PERSON.match(person):
+        raise PlanRejected("not_permitted", f"{ON_BEHALF_HEADER}: not a user name")
+    return Sender(user=person, role="person", via=user)
 
 
 def partition_message(directory: Directory, message: PartitionMessage, user: str | None) -> None:

@@ -20,7 +20,6 @@ mid-call).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import socket
@@ -30,7 +29,6 @@ from typing import Annotated, Any
 from uuid import uuid4
 
 import asyncpg
-import uvicorn
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -38,9 +36,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from services.store import Conn, row_dict
+from shared import http_server
 from shared.codec import describe
-from shared.config import parse_bind
-from shared.errors import ConfigError
 from shared.sql import Queries
 
 Q = Queries(Path(__file__).with_name("queries.sql"))
@@ -203,30 +200,9 @@ async def _refunded(conn: Conn, charge: asyncpg.Record) -> dict[str, Any]:
 
 
 def bound_socket(bind: str) -> socket.socket:
-    """The listening socket for ``host:port``, or a ConfigError naming the setting."""
-    host, port = parse_bind("SAGA_PAYMENTS_API_BIND", bind)
-    try:
-        sock = socket.create_server((host, port), reuse_port=False)
-    except OSError as exc:
-        raise ConfigError(f"SAGA_PAYMENTS_API_BIND {bind!r}: cannot listen there ({exc})") from None
-    return sock
+    return http_server.bound_socket("SAGA_PAYMENTS_API_BIND", bind)
 
 
 async def serve(pool: asyncpg.Pool, sock: socket.socket) -> None:
     """Serve the API on ``sock`` until cancelled, then stop gracefully."""
-    config = uvicorn.Config(create_app(pool), lifespan="off", log_level="warning")
-    server = _Server(config)
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        server.should_exit = True
-        with contextlib.suppress(Exception):
-            await task
-        raise
-
-
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Any:
-        yield  # the process's own handlers stop the stack, and this server with it
+    await http_server.serve(create_app(pool), sock)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from saga_app.stack import Stack
+from saga_coordinator.processor import Processor
 from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.client import SagaClient
@@ -17,6 +18,15 @@ from shared.gateway import load_catalog
 from tests.conftest import AMQP_URL
 from tests.integration.deployment import Deployment
 from tests.integration.helpers import forget_outbox, remove_namespace
+from tests.integration.sabotage import Sabotage
+
+
+@pytest.fixture
+def sabotage(monkeypatch: pytest.MonkeyPatch) -> Sabotage:
+    """The coordinator's handler raises for the sagas chosen (``sabotage.always(saga_id)``)."""
+    saboteur = Sabotage()
+    monkeypatch.setattr(Processor, "_handle", saboteur.wrap(Processor._handle))
+    return saboteur
 
 
 @pytest.fixture

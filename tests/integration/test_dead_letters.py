@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable
-from datetime import datetime
+from collections.abc import Callable
 from typing import Any
 
 import aio_pika
@@ -16,11 +15,10 @@ import pytest
 from saga_app.stack import Stack
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.processor import Processor
-from saga_coordinator.store import Claim, Tx
+from saga_coordinator.store import Tx
 from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
-from shared.messages import PartitionMessage
 from tests.integration.helpers import (
     REFUND,
     eventually,
@@ -28,46 +26,7 @@ from tests.integration.helpers import (
     ran_one_after_another,
     terminal,
 )
-
-Handle = Callable[[Processor, Tx, PartitionMessage, Claim, datetime], Awaitable[str]]
-
-
-class Sabotage:
-    """Makes the coordinator's handler raise for chosen sagas: a bug in the handler, as seen
-    from the broker (redeliveries, then the dead letters)."""
-
-    def __init__(self) -> None:
-        self.fail_times: dict[str, int] = {}  # saga_id -> failures left (-1: always)
-        self.raised: dict[str, int] = {}
-
-    def always(self, saga_id: str) -> None:
-        self.fail_times[saga_id] = -1
-
-    def times(self, saga_id: str, count: int) -> None:
-        self.fail_times[saga_id] = count
-
-    def stop(self, saga_id: str) -> None:
-        self.fail_times.pop(saga_id, None)
-
-    def wrap(self, original: Handle) -> Handle:
-        async def handle(
-            self_: Processor, tx: Tx, message: PartitionMessage, claim: Claim, now: datetime
-        ) -> str:
-            left = self.fail_times.get(message.saga_id, 0)
-            if left != 0 and message.type == "saga.start":
-                self.fail_times[message.saga_id] = left - 1 if left > 0 else -1
-                self.raised[message.saga_id] = self.raised.get(message.saga_id, 0) + 1
-                raise RuntimeError(f"simulated handler bug on {message.saga_id}")
-            return await original(self_, tx, message, claim, now)
-
-        return handle
-
-
-@pytest.fixture
-def sabotage(monkeypatch: pytest.MonkeyPatch) -> Sabotage:
-    saboteur = Sabotage()
-    monkeypatch.setattr(Processor, "_handle", saboteur.wrap(Processor._handle))
-    return saboteur
+from tests.integration.sabotage import Sabotage
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ import asyncpg
 import pytest
 from pydantic import JsonValue
 
-from services.effects import effects_for_order, render_effects
+from saga_app.output import plain_table
+from services.effects import effect_tables, effects_for_order
 from services.errors import Permanent, Transient
 from services.faults import add_fault, clear_faults, list_faults, parse_mode
 from services.registry import SYSTEMS
@@ -432,9 +433,10 @@ def test_parse_mode_refuses(text: str) -> None:
         parse_mode(text)
 
 
-async def test_render_effects(pool: asyncpg.Pool, order_id: str) -> None:
+async def test_effect_tables(pool: asyncpg.Pool, order_id: str) -> None:
     await execute(pool, request(order_id, "inventory.reserve_stock", RESERVE))
-    text = render_effects(await effects_for_order(pool, order_id))
+    tables = effect_tables(await effects_for_order(pool, order_id))
+    text = "\n\n".join(plain_table(h, rows, title=title) for title, h, rows in tables)
 
     assert "reservations (1)" in text
     assert "SKU-1" in text

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from shared.config import Settings
 from shared.errors import ConfigError
@@ -268,3 +269,90 @@ def test_a_url_the_clients_cannot_use_is_refused_without_showing_its_password(
 def test_tls_and_socket_urls_are_accepted() -> None:
     Settings(amqp_url="amqps://u:p@broker:5671/v?cafile=/etc/ca.pem")
     Settings(database_url="postgresql:///saga?host=/var/run/postgresql")
+
+
+def test_a_constructed_settings_ignores_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tests and the test kit build Settings(...) and must not pick up a developer's exports
+    monkeypatch.setenv("SAGA_PARTITIONS", "12")
+    monkeypatch.setenv("SAGA_IDENTITY", "shared")
+
+    assert Settings() == Settings.from_env({})
+    assert Settings.from_env().partitions == 12
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"SAGA_PARTITIONS": "x"}, "SAGA_PARTITIONS='x': expected a int"),
+        ({"SAGA_PARTITIONS": "0"}, "SAGA_PARTITIONS='0': must be between 1 and 1024"),
+        ({"SAGA_RELAY_POLL_S": "nan"}, "SAGA_RELAY_POLL_S='nan': must be more than 0"),
+        ({"SAGA_IDENTITY": "trust"}, "SAGA_IDENTITY='trust': Input should be 'roles' or 'shared'"),
+        ({"SAGA_PEOPLE": "ana,bob smith"}, "SAGA_PEOPLE: 'bob smith' is not a user name"),
+        ({"SAGA_AGENT_BURST": "0"}, "SAGA_AGENT_BURST='0': must be between 1 and 1000000"),
+    ],
+)
+def test_a_refusal_is_one_line_naming_the_variable_the_value_and_the_rule(
+    env: dict[str, str], said: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env(env)
+
+    assert str(refused.value).startswith(said)
+    assert "\n" not in str(refused.value)
+
+
+def test_every_bad_value_is_named_at_once() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"SAGA_NAMESPACE": "Bad", "SAGA_PARTITIONS": "0"})
+
+    message = str(refused.value)
+    assert "SAGA_NAMESPACE='Bad'" in message and "SAGA_PARTITIONS='0'" in message
+    assert "\n" not in message
+
+
+def test_a_10000_digit_number_is_refused_in_a_short_line() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"SAGA_PARTITIONS": "9" * 10_000})
+
+    message = str(refused.value)
+    assert message.startswith("SAGA_PARTITIONS='999") and message.endswith("expected a int")
+    assert len(message) < 200
+
+
+@pytest.mark.parametrize("char", ["\x00", "\x07", "\x1b", "\t", "\n", "\x7f", "\x85"])
+def test_a_url_with_a_control_character_is_refused(char: str) -> None:
+    # urllib would drop a tab or a newline without a word: the URL used is not the one written
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"SAGA_AMQP_URL": f"amqp://u:hunter2@broker{char}:5672/"})
+
+    message = str(refused.value)
+    assert message.startswith("SAGA_AMQP_URL=") and "a control character" in message
+    assert "hunter2" not in message and char not in message
+
+
+def test_a_url_urllib_cannot_read_is_refused_without_its_password() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"SAGA_DATABASE_URL": "postgresql://u:hunter2@[db/saga"})
+
+    assert "SAGA_DATABASE_URL" in str(refused.value) and "hunter2" not in str(refused.value)
+
+
+def test_an_unknown_setting_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="SAGA_COLOUR='red': there is no such setting"):
+        Settings(colour="red")  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="SAGA_COLOUR"):
+        Settings().with_(colour="red")
+
+
+def test_a_count_given_as_a_float_or_a_bool_is_refused() -> None:
+    for value in (4.5, True):
+        with pytest.raises(ConfigError, match="SAGA_PARTITIONS"):
+            Settings(partitions=value)
+
+
+def test_settings_are_frozen_and_hashable() -> None:
+    s = Settings()
+
+    with pytest.raises(ValidationError):
+        s.partitions = 3  # type: ignore[misc]
+    assert hash(s) == hash(Settings()) and s.with_(partitions=3) != s

@@ -8,7 +8,7 @@ import pytest
 from saga_coordinator.authority import may_act, may_decide_gate, may_send
 from shared import trust
 from shared.config import Settings
-from shared.errors import InvalidMessage
+from shared.errors import InvalidMessage, PlanRejected
 from shared.identity import Directory, amqp_url_for, user_of_url, with_credentials
 from shared.messages import ActionDone, ActionRequest, DeadlineReached, Sender
 from tests.unit.factories import AGENT, REFUND_PARAMS, Driver, real_catalog, start_named
@@ -120,3 +120,19 @@ def test_urls_get_each_roles_credentials_quoted(tmp_path: object) -> None:
     assert url == "amqps://a%40b:p%3A%2Fw@broker.example:5671/v?cafile=/ca.pem"
     assert user_of_url(url) == "a@b"
     assert amqp_url_for(Settings(identity="shared"), "anyone") == Settings().amqp_url
+
+
+def test_only_the_console_names_the_person_it_acts_for() -> None:
+    header = {trust.ON_BEHALF_HEADER: "ana"}
+    assert trust.acting_sender(ROLES, "saga-ops", "ops", {}) == Sender(user="saga-ops", role="ops")
+    acting = trust.acting_sender(ROLES, "saga-console", "console", header)
+    assert acting == Sender(user="ana", role="person", via="saga-console")
+    assert acting.acting_as == "person via saga-console"
+    for user, role in [("saga-ops", "ops"), ("bot-7", "agent"), ("ana", "person")]:
+        with pytest.raises(PlanRejected, match="only the console may act on behalf"):
+            trust.acting_sender(ROLES, user, role, header)  # type: ignore[arg-type]
+    for bad in ["", "a b", "ana\x00", "x" * 65, 7, ["ana"], b"\xff"]:
+        with pytest.raises(PlanRejected, match="not a user name"):
+            trust.acting_sender(ROLES, "saga-console", "console", {trust.ON_BEHALF_HEADER: bad})
+    # shared mode verifies nothing: its one account is the console too
+    assert trust.acting_sender(SHARED, "guest", "person", header).via == "guest"

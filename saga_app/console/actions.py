@@ -1,0 +1,100 @@
+"""What an operator can do from the console: the CLI's decisions and dead-letter operations,
+sent as the same AMQP commands from the console's broker account, each naming the person
+signed in (``SagaClient.on_behalf_of``), so the register records who, never a form field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.client import CommandRejected, DeskRefused, SagaClient
+from shared.messages import DeskReply
+
+# name: (the form field it needs, whether it may be blank, whether to ask first)
+DECISIONS: dict[str, tuple[str, bool, bool]] = {
+    "approve": ("note", True, False),
+    "resume": ("note", True, False),
+    "reject": ("reason", False, True),
+    "abort": ("reason", False, True),
+    "resolve": ("note", False, True),
+}
+_MAX_TEXT = 2000
+
+
+class ActionRefused(Exception):
+    """The form was wrong or the coordinator refused: shown to the person as it is."""
+
+
+@dataclass(frozen=True)
+class Done:
+    message: str
+
+
+def checked_text(decision: str, text: str) -> str:
+    field, blank_ok, _ = DECISIONS[decision]
+    text = text.strip()
+    if not text and not blank_ok:
+        raise ActionRefused(f"{decision} needs a {field}: say why, for the register")
+    if len(text) > _MAX_TEXT:
+        raise ActionRefused(f"the {field} is {len(text)} characters; at most {_MAX_TEXT}")
+    return text
+
+
+async def decide(
+    client: SagaClient, person: str, decision: str, saga_id: str, order_id: str, text: str
+) -> Done:
+    if decision not in DECISIONS:
+        raise ActionRefused(f"no such decision: {decision[:40]!r}")
+    field = DECISIONS[decision][0]
+    send = getattr(client.on_behalf_of(person), decision)
+    try:
+        await send(saga_id, order_id=order_id, **{field: checked_text(decision, text)})
+    except CommandRejected as exc:
+        raise ActionRefused(f"refused: {exc.reason}") from None
+    except TimeoutError:
+        raise ActionRefused("no answer from the coordinator: is it running?") from None
+    return Done(f"{decision}: sent for saga {saga_id}, accepted by the coordinator")
+
+
+async def replay(
+    client: SagaClient,
+    person: str,
+    ids: list[int] | None = None,
+    order_id: str | None = None,
+    note: str = "",
+) -> Done:
+    """One letter, a list of them (a group, in order), or an order's."""
+    me = client.on_behalf_of(person)
+    replies: list[DeskReply] = []
+    try:
+        if order_id is not None:
+            replies.append(await me.replay_dead_letters(order_id=order_id, note=note))
+        for dl_id in ids or []:
+            replies.append(await me.replay_dead_letters(dead_letter_id=dl_id, note=note))
+    except (CommandRejected, DeskRefused) as exc:
+        raise ActionRefused(f"refused: {exc}") from None
+    except TimeoutError:
+        raise ActionRefused("no answer from the coordinator: is it running?") from None
+    return Done(_summary(replies, "replayed"))
+
+
+async def discard(client: SagaClient, person: str, dl_id: int, reason: str) -> Done:
+    reason = reason.strip()
+    if not reason:
+        raise ActionRefused("discard needs a reason, for the audit trail")
+    try:
+        reply = await client.on_behalf_of(person).discard_dead_letter(dl_id, reason=reason)
+    except (CommandRejected, DeskRefused) as exc:
+        raise ActionRefused(f"refused: {exc}") from None
+    except TimeoutError:
+        raise ActionRefused("no answer from the coordinator: is it running?") from None
+    return Done(_summary([reply], "discarded"))
+
+
+def _summary(replies: list[DeskReply], verb: str) -> str:
+    results = [r for reply in replies for r in reply.results]
+    if not results:
+        return f"nothing {verb}: no dead letters left there"
+    lines = [f"dead letter {r['id']}: {r['detail']}" for r in results[:20]]
+    if len(results) > 20:
+        lines.append(f"and {len(results) - 20} more")
+    return "; ".join(lines)

@@ -1,0 +1,188 @@
+"""The console's forms: signing in and out, and the operations an operator performs. Each
+operation is the CLI's own command, sent for the signed-in person; a destructive one is asked
+to confirm first, on a page of its own (so it works without JavaScript too)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from saga_app.console import actions
+from saga_app.console.accounts import Account
+from saga_app.console.reads import letter_number, well_formed
+from saga_app.console.web import current, flash, local_path, render
+from saga_coordinator.desk import DeadLetterNotFound
+
+if TYPE_CHECKING:
+    from saga_app.console.app import Console
+
+
+async def login_form(console: Console, request: Request) -> Response:
+    if current(request, console.accounts) is not None:
+        return RedirectResponse(local_path(request.query_params.get("next")), status_code=303)
+    return render(
+        request, "login.html", None, next=local_path(request.query_params.get("next")), error=""
+    )
+
+
+async def login(console: Console, request: Request, form: Any) -> Response:
+    name, password = str(form.get("name", ""))[:64], str(form.get("password", ""))
+    target = local_path(str(form.get("next", "")))
+    client = request.client.host if request.client else "?"
+    if not (console.sign_ins.allow(f"name:{name}") and console.sign_ins.allow(f"ip:{client}")):
+        return render(
+            request,
+            "login.html",
+            None,
+            status=429,
+            next=target,
+            error="Too many attempts: wait a minute and try again.",
+        )
+    account = await asyncio.to_thread(console.accounts.check, name, password)
+    if account is None:
+        return render(
+            request,
+            "login.html",
+            None,
+            status=401,
+            next=target,
+            error="That name and password do not match an account.",
+        )
+    request.session.clear()  # a new session: nothing chosen before sign-in carries over
+    request.session.update({"user": account.name, "role": account.role})
+    return RedirectResponse(target, status_code=303)
+
+
+async def logout(console: Console, request: Request, form: Any) -> Response:
+    request.session.clear()
+    return RedirectResponse("/login", status_code=303)
+
+
+def _confirm(
+    request: Request, account: Account, form: Any, question: str, consequence: str
+) -> Response:
+    fields = {k: str(v) for k, v in form.items() if k not in ("csrf", "confirmed")}
+    return render(
+        request,
+        "confirm.html",
+        account,
+        question=question,
+        consequence=consequence,
+        fields=fields,
+        action=request.url.path,
+        back=request.headers.get("referer", ""),
+    )
+
+
+def _confirmed(form: Any) -> bool:
+    return bool(form.get("confirmed") == "yes")
+
+
+def _client(console: Console) -> Any:
+    if console.client is None:
+        raise actions.ActionRefused("this console has no broker connection: it only reads")
+    return console.client
+
+
+async def decide(console: Console, request: Request, account: Account, form: Any) -> Response:
+    saga_id, decision = request.path_params["saga_id"], request.path_params["decision"]
+    back = f"/sagas/{saga_id}"
+    order_id = await console.reads.store.order_of(saga_id) if well_formed(saga_id) else None
+    if order_id is None or decision not in actions.DECISIONS:
+        flash(request, f"no saga {saga_id[:128]} or no such decision", "error")
+        return RedirectResponse("/sagas", status_code=303)
+    text = str(form.get("text", ""))
+    try:
+        actions.checked_text(decision, text)
+        if actions.DECISIONS[decision][2] and not _confirmed(form):
+            return _confirm(
+                request,
+                account,
+                form,
+                f"{decision.capitalize()} saga {saga_id}?",
+                _consequence(decision),
+            )
+        done = await actions.decide(
+            _client(console), account.name, decision, saga_id, order_id, text
+        )
+        flash(request, done.message)
+    except actions.ActionRefused as exc:
+        flash(request, str(exc), "error")
+    return RedirectResponse(back, status_code=303)
+
+
+def _consequence(decision: str) -> str:
+    return {
+        "abort": "Forward progress stops; everything that may have landed is compensated.",
+        "reject": "The saga does not go past its gate; what landed before it is compensated.",
+        "resolve": "You take the saga over: it ends as resolved and nothing more is "
+        "compensated by the system. Its order is freed.",
+    }.get(decision, "")
+
+
+async def replay(console: Console, request: Request, account: Account, form: Any) -> Response:
+    note = str(form.get("note", ""))[:2000]
+    dl_id, order, reason = form.get("id"), form.get("order"), form.get("reason")
+    try:
+        if dl_id:
+            number = letter_number(str(dl_id))
+            if number is None:
+                raise actions.ActionRefused("not a dead letter number")
+            done = await actions.replay(_client(console), account.name, ids=[number], note=note)
+        elif order or reason:
+            what = f"order {order}" if order else f"reason {reason}"
+            if not _confirmed(form):
+                return _confirm(
+                    request,
+                    account,
+                    form,
+                    f"Replay every dead letter of {what}?",
+                    "Each is republished to where it was first headed, in its "
+                    "order's arrival order.",
+                )
+            if (order and not well_formed(str(order))) or not str(reason or "").isprintable():
+                raise actions.ActionRefused("not an order ID or a reason of this console")
+            ids = None if order else await console.reads.ids_for_reason(str(reason)[:200])
+            done = await actions.replay(
+                _client(console),
+                account.name,
+                ids=ids,
+                order_id=str(order)[:128] if order else None,
+                note=note,
+            )
+        else:
+            raise actions.ActionRefused("say which dead letters to replay")
+        flash(request, done.message)
+    except actions.ActionRefused as exc:
+        flash(request, str(exc), "error")
+    return RedirectResponse(local_path(str(form.get("back", "/dead-letters"))), status_code=303)
+
+
+async def discard(console: Console, request: Request, account: Account, form: Any) -> Response:
+    dl_id = letter_number(request.path_params["dl_id"])
+    try:
+        found = await console.reads.dead_letter(dl_id)
+        assert dl_id is not None  # there is a letter with this number
+    except DeadLetterNotFound:
+        flash(request, "no such dead letter", "error")
+        return RedirectResponse("/dead-letters", status_code=303)
+    reason = str(form.get("reason", ""))[:2000]
+    try:
+        if not reason.strip():
+            raise actions.ActionRefused("discard needs a reason, for the audit trail")
+        if not _confirmed(form):
+            return _confirm(
+                request,
+                account,
+                form,
+                f"Discard dead letter {dl_id}?",
+                f"Discarding it means: {found['discard_means']}",
+            )
+        done = await actions.discard(_client(console), account.name, dl_id, reason)
+        flash(request, done.message)
+    except actions.ActionRefused as exc:
+        flash(request, str(exc), "error")
+    return RedirectResponse(f"/dead-letters/{dl_id}", status_code=303)

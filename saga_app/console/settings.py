@@ -1,0 +1,31 @@
+"""The console's own settings (``SAGA_CONSOLE_*``), read from the environment."""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import ConfigError
+
+
+class ConsoleSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SAGA_CONSOLE_", frozen=True, extra="ignore")
+
+    bind: str = "127.0.0.1:8080"
+    # The accounts file (TOML, see saga_app.console.accounts); no console starts without one.
+    users: str = ""
+    # Signs the session cookies. Without it each process makes its own: a restart signs
+    # everyone out, and two console processes do not share sign-ins.
+    secret: SecretStr = SecretStr("")
+    # Send the session cookie over HTTPS only: set it when a TLS proxy stands in front.
+    secure_cookie: bool = False
+    session_hours: float = Field(default=8.0, gt=0, le=24 * 30)
+
+    @classmethod
+    def from_env(cls) -> ConsoleSettings:
+        try:
+            return cls()
+        except ValidationError as exc:
+            first = exc.errors(include_url=False, include_input=False)[0]
+            name = "SAGA_CONSOLE_" + str(first["loc"][0]).upper() if first["loc"] else "?"
+            raise ConfigError(f"{name}: {first['msg']}") from None

@@ -1,0 +1,46 @@
+-- What the console reads. Everything here is a read: the console changes state only by sending
+-- the same commands the CLI sends.
+
+-- name: sagas_page
+-- Newest first; $6/$7 continue after the last row of the page before (keyset paging).
+SELECT saga_id, order_id, saga, status, state->>'waiting_for' AS waiting_for,
+       state->>'reason' AS reason, created_at, updated_at
+FROM sagas
+WHERE ($1::text IS NULL OR status = $1)
+  AND ($2::text IS NULL OR saga = $2)
+  AND ($3::text IS NULL OR order_id = $3)
+  AND ($4::timestamptz IS NULL OR created_at >= $4)
+  AND ($5::timestamptz IS NULL OR created_at < $5)
+  AND ($6::timestamptz IS NULL OR (created_at, saga_id) < ($6, $7::text))
+ORDER BY created_at DESC, saga_id DESC
+LIMIT $8;
+
+-- name: status_counts
+SELECT status, count(*) AS n FROM sagas GROUP BY status;
+
+-- name: people_queue
+-- Sagas that wait for a person, oldest first: the longest wait is the first to see.
+SELECT state::text AS state, updated_at FROM sagas
+WHERE status IN ('needs_human', 'awaiting_approval')
+ORDER BY updated_at, saga_id
+LIMIT $1;
+
+-- name: dead_by_reason
+SELECT reason, count(*) AS n, count(DISTINCT order_id) AS orders, min(created_at) AS first_at,
+       max(updated_at) AS last_at
+FROM dead_letters WHERE status = 'dead'
+GROUP BY reason ORDER BY n DESC, reason;
+
+-- name: dead_by_order
+SELECT coalesce(order_id, '') AS order_id, count(*) AS n, bool_or(blocks_order) AS blocks,
+       min(created_at) AS first_at,
+       (SELECT count(*) FROM parked p WHERE p.order_id = d.order_id) AS parked
+FROM dead_letters d WHERE status = 'dead'
+GROUP BY d.order_id ORDER BY min(created_at), order_id
+LIMIT $1;
+
+-- name: dead_ids_by_reason
+-- Each order's in its arrival order, as `saga dlq replay --order` replays them.
+SELECT id FROM dead_letters
+WHERE status = 'dead' AND reason = $1
+ORDER BY order_id NULLS LAST, arrival NULLS LAST, id;
