@@ -19,7 +19,7 @@ def faults() -> None:
 @faults.command("add")
 @click.argument("action")
 @click.option("--order", "order_id", required=True)
-@click.option("--mode", required=True, help="permanent | transient:N")
+@click.option("--mode", required=True, help="permanent | transient:N | hang | hang:N")
 @click.pass_context
 def faults_add(ctx: click.Context, action: str, order_id: str, mode: str) -> None:
     try:

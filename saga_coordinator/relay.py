@@ -15,15 +15,17 @@ from typing import Any
 
 import aio_pika
 import asyncpg
-from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception_type, wait_exponential
+from aio_pika.exceptions import CONNECTION_EXCEPTIONS as AMQP_AWAY
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from saga_coordinator.dead_letters import UNROUTABLE_ERRORS, bury_unroutable
+from saga_coordinator.dead_letters import bury_unroutable, is_unroutable
 from saga_coordinator.store import RELAY_LOCK, Conn, Q, Tx
 from shared.bus import Bus
 from shared.codec import to_amqp
 from shared.config import Settings
 from shared.crashpoints import crash_point
-from shared.sql import TRANSIENT_DB_ERRORS
+from shared.logs import log_debug
+from shared.sql import TRANSIENT_DB_ERRORS, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -70,24 +72,31 @@ class Relay:
         errors = await self.bus.publish_many(
             [(r["exchange"], r["routing_key"], _message(r)) for r in rows]
         )
+        settled = [r["id"] for r, e in zip(rows, errors, strict=True) if e is None]
         async with contextlib.AsyncExitStack() as stack:
             if any(errors):
                 await stack.enter_async_context(conn.transaction())  # a burial and the delete
             for row, error in zip(rows, errors, strict=True):
-                if error is not None:
-                    # One by one and in order now: an unroutable row may have closed the
-                    # channel under the rows behind it.
-                    await self._publish_alone(conn, row)
+                # One by one and in order now: an unroutable row may have closed the channel
+                # under the rows behind it.
+                if error is not None and await self._publish_alone(conn, row):
+                    settled.append(row["id"])
             crash_point("relay.after_publish")
-            await conn.execute(Q.outbox_delete, [r["id"] for r in rows])
+            await conn.execute(Q.outbox_delete, settled)
         return len(rows)
 
-    async def _publish_alone(self, conn: Conn, row: asyncpg.Record) -> None:
+    async def _publish_alone(self, conn: Conn, row: asyncpg.Record) -> bool:
+        """Whether the row is settled: published, or buried as a dead letter because it can
+        never be routed. A row the broker refused for now stays for the next round."""
         try:
             await self.bus.publish_raw(row["exchange"], row["routing_key"], _message(row))
-        except UNROUTABLE_ERRORS as exc:
+        except Exception as exc:
+            if not is_unroutable(exc):
+                log.warning("outbox row %s not taken by the broker, kept: %r", row["id"], exc)
+                return False
             log.error("outbox row %s cannot be routed: %s", row["id"], exc)
             await bury_unroutable(Tx(conn), row, exc)
+        return True
 
     async def drain(self) -> None:
         """Publish until the outbox is empty (used at a graceful stop)."""
@@ -135,7 +144,7 @@ class Relay:
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(Exception),
             wait=wait_exponential(multiplier=0.1, max=5.0),
-            before_sleep=before_sleep_log(log, logging.WARNING, exc_info=True),
+            before_sleep=_say_retry,
         )
         async for attempt in retrying:
             with attempt:
@@ -151,6 +160,15 @@ class Relay:
             elif sent < self.settings.relay_batch:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.settings.relay_poll_s)
+
+
+def _say_retry(state: RetryCallState) -> None:
+    """One line while the broker or the database is away; a traceback for anything else."""
+    error = state.outcome.exception() if state.outcome is not None else None
+    away = error is not None and (is_transient(error) or isinstance(error, AMQP_AWAY))
+    wait = state.next_action.sleep if state.next_action is not None else 0.0
+    log.warning("relay: %r; trying again in %.1fs", error, wait,
+                exc_info=None if away or log_debug() else error)  # fmt: skip
 
 
 def _message(row: asyncpg.Record) -> aio_pika.Message:

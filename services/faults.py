@@ -1,8 +1,10 @@
 """Fault injection per action and order: a product feature for rehearsing failures.
 
 "A compensation that has never been exercised is a hope with a function name": a user injects
-``permanent`` (the system refuses) or ``transient:N`` (the next N calls fail, then it works) on any
-action, compensations included, and watches the saga handle it.
+``permanent`` (the system refuses), ``transient:N`` (the next N calls fail, then it works) or
+``hang`` / ``hang:N`` (every call, or the next N, never answers: the adapter's timeout ends each
+and the effect is unknown) on any action, compensations included, and watches the saga handle
+it.
 """
 
 from __future__ import annotations
@@ -16,21 +18,24 @@ MAX_TRANSIENT = 1000
 
 
 def parse_mode(text: str) -> tuple[str, int | None]:
-    """``"permanent"`` -> ``("permanent", None)``; ``"transient:N"`` -> ``("transient", N)``."""
+    """``"permanent"`` -> ``("permanent", None)``; ``"transient:N"`` -> ``("transient", N)``;
+    ``"hang"`` (every call) or ``"hang:N"`` (the next N calls) -> ``("hang", N or None)``."""
     mode, sep, count = text.strip().partition(":")
-    if mode == "permanent" and not sep:
-        return "permanent", None
-    if mode == "transient" and sep:
+    if mode in ("permanent", "hang") and not sep:
+        return mode, None
+    if mode in ("transient", "hang") and sep:
         try:
             n = int(count)
         except ValueError:
             n = 0
         if 1 <= n <= MAX_TRANSIENT:
-            return "transient", n
+            return mode, n
         raise ValueError(
-            f"fault mode {text!r}: N in 'transient:N' must be a whole number 1..{MAX_TRANSIENT}"
+            f"fault mode {text!r}: N in '{mode}:N' must be a whole number 1..{MAX_TRANSIENT}"
         )
-    raise ValueError(f"fault mode {text!r}: use 'permanent' or 'transient:N' (N = 1..1000)")
+    raise ValueError(
+        f"fault mode {text!r}: use 'permanent', 'transient:N', 'hang' or 'hang:N' (N = 1..1000)"
+    )
 
 
 def check_action(action: str) -> None:

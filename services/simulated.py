@@ -12,6 +12,7 @@ one delivery batch go out as one ``call_many`` statement: one commit for all of 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -58,12 +59,20 @@ class Simulated:
         """Write ``values`` under the call's key, once: the result stored for that key (this
         call's, or an earlier one's). Raises ``Permanent`` for a stored refusal or an injected
         permanent fault, ``Transient`` for an injected transient one."""
-        return await self._calls.submit(_Write(call.key, call.action, call.order_id, values, None))
+        return await self._submit(_Write(call.key, call.action, call.order_id, values, None))
 
     async def refuse(self, call: Call[Any, Any], reason: str) -> Result:
         """Store a refusal under the call's key (unless the key already has an outcome, which
         is then returned) and raise it as ``Permanent``."""
-        return await self._calls.submit(_Write(call.key, call.action, call.order_id, {}, reason))
+        return await self._submit(_Write(call.key, call.action, call.order_id, {}, reason))
+
+    async def _submit(self, write: _Write) -> Result:
+        try:
+            return await self._calls.submit(write)
+        except _Hung:
+            # An injected hang: the system never answers; only the caller's timeout ends this.
+            await asyncio.get_running_loop().create_future()
+            raise
 
     async def _run_many(self, writes: list[_Write]) -> list[Result | Exception]:
         async with self._connect() as conn:
@@ -94,7 +103,13 @@ class Simulated:
         return [v for v in out if v is not None]
 
 
+class _Hung(Exception):
+    """``sim_call`` said: this call hangs (an injected ``hang`` fault; nothing landed)."""
+
+
 def _verdict(row: asyncpg.Record) -> Result | Exception:
+    if row["call_outcome"] == "hang":
+        return _Hung(row["call_error"])
     if row["call_transient"]:
         return Transient(row["call_error"])
     if row["call_outcome"] == "done":

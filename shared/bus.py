@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import aio_pika
+import aiormq
+import pamqp.commands
 from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
@@ -19,6 +21,7 @@ from aio_pika.abc import (
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from shared import metrics
+from shared.cluster_connection import connect_cluster
 from shared.codec import message_to_amqp
 from shared.config import Settings
 from shared.delivery import (
@@ -54,7 +57,7 @@ class Bus:
         self._proven: set[str] = set()  # exchanges a publish reached (see publish_many)
 
     async def connect(self) -> None:
-        self._connection = await aio_pika.connect_robust(
+        self._connection = await connect_cluster(
             self.url, client_properties={"connection_name": f"saga {self.user or ''}".strip()}
         )
         self._publisher = await self._connection.channel(
@@ -117,14 +120,41 @@ class Bus:
         """Publish and wait for the broker's confirm. Work routes (partitions, actions) must reach
         a queue, so they are mandatory: an unroutable message raises instead of vanishing."""
         target = await self._exchange(exchange)
+        channel = self._publisher
         message.user_id = self.user
-        await target.publish(
-            message,
-            routing_key,
-            mandatory=self._mandatory(exchange) if mandatory is None else mandatory,
-            timeout=self.settings.publish_timeout_s,
-        )
+        try:
+            await target.publish(
+                message,
+                routing_key,
+                mandatory=self._mandatory(exchange) if mandatory is None else mandatory,
+                timeout=self.settings.publish_timeout_s,
+            )
+        except aiormq.exceptions.DeliveryError as exc:
+            await self._after_refusal(channel, [exc])
+            raise
         self._proven.add(exchange)
+
+    async def _after_refusal(
+        self, channel: AbstractChannel | None, errors: Sequence[BaseException | None]
+    ) -> None:
+        """A nack (not a return): the broker refused for now. RabbitMQ 3.10 keeps nacking every
+        later publish of that channel to a quorum queue that was without a majority for a
+        while, even once the queue is back (seen in tests/integration/test_cluster.py; a
+        new channel publishes at once): so the next publish goes on a new channel."""
+        nacked = any(
+            isinstance(e, aiormq.exceptions.DeliveryError)
+            and isinstance(e.frame, pamqp.commands.Basic.Nack)
+            for e in errors
+        )
+        if not nacked or channel is None or channel is not self._publisher:
+            return  # not a nack, or another publish replaced the channel already
+        log.warning("the broker nacked a publish: publishing on a new channel")
+        self._publisher = await self.connection.channel(
+            publisher_confirms=True, on_return_raises=True
+        )
+        self._exchanges.clear()
+        with contextlib.suppress(Exception):
+            await channel.close()
 
     def _mandatory(self, exchange: str) -> bool:
         return exchange not in ("", self.topology.events_exchange)
@@ -162,6 +192,7 @@ class Bus:
         # straight to aiormq's channel lock (FIFO), which writes its frames before the next
         # one's, so the order on the wire is the list's.
         targets = [await self._exchange(exchange) for exchange, _, _ in items]
+        channel = self._publisher
         for _, _, message in items:
             message.user_id = self.user
         done = await asyncio.gather(
@@ -176,7 +207,10 @@ class Bus:
             ),
             return_exceptions=True,
         )
-        return [r if isinstance(r, BaseException) else None for r in done]
+        errors = [r if isinstance(r, BaseException) else None for r in done]
+        if any(errors):
+            await self._after_refusal(channel, errors)
+        return errors
 
     async def publish(
         self,

@@ -32,6 +32,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from shared.addresses import one_per_host
 from shared.errors import ConfigError
 
 _NAMESPACE = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
@@ -138,6 +139,11 @@ class Settings(BaseSettings):
     delivery_limit: Annotated[
         Whole, _check(lambda n: 1 <= n <= 1000, "must be between 1 and 1000")
     ] = 5
+    # How many nodes of a RabbitMQ cluster hold each queue it declares (quorum queues'
+    # x-quorum-initial-group-size); 0: the broker's default, every node up to its limit.
+    # Set it before the first declaration: the broker refuses to declare an existing queue
+    # with another value (PRECONDITION_FAILED); `rabbitmq-queues grow` adds members later.
+    quorum_size: Annotated[Whole, _check(lambda n: 0 <= n <= 99, "must be between 0 and 99")] = 0
     catalog_path: str = ""
     max_message_bytes: Annotated[Whole, _check(lambda n: n >= 1024, "must be at least 1024")] = (
         256 * 1024
@@ -298,12 +304,13 @@ def _check_url(url: str, schemes: tuple[str, ...]) -> None:
     control = _CONTROL.search(url)
     if control is not None:
         raise _Rule(f"a control character (U+{ord(control.group()):04X}) in the URL")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises on a port that is not a number in range
-    except ValueError as exc:
-        raise _Rule(str(exc)) from None
-    if parts.scheme not in schemes:
-        raise _Rule(f"the scheme must be one of {', '.join(schemes)}")
-    if not parts.hostname and "host=" not in parts.query:
-        raise _Rule("no host")
+    for one in one_per_host(url):  # several hosts: a cluster, or a primary and standbys
+        try:
+            parts = urlsplit(one)
+            parts.port  # noqa: B018 - raises on a port that is not a number in range
+        except ValueError as exc:
+            raise _Rule(str(exc)) from None
+        if parts.scheme not in schemes:
+            raise _Rule(f"the scheme must be one of {', '.join(schemes)}")
+        if not parts.hostname and "host=" not in parts.query:
+            raise _Rule("no host")

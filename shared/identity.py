@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Literal
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit
 
+from shared.addresses import with_netloc_credentials
 from shared.config import Settings
 from shared.errors import ConfigError
 from shared.messages import Role
@@ -38,16 +39,11 @@ def user_of_url(url: str) -> str | None:
 
 
 def with_credentials(url: str, user: str, password: str | None) -> str:
-    """``url`` with its user (and password) replaced; host, port, path and query kept."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if ":" in host:  # an IPv6 literal
-        host = f"[{host}]"
-    netloc = quote(user, safe="")
+    """``url`` with its user (and password) replaced; every host, port, path and query kept."""
+    credentials = quote(user, safe="")
     if password is not None:
-        netloc += ":" + quote(password, safe="")
-    netloc += "@" + host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+        credentials += ":" + quote(password, safe="")
+    return with_netloc_credentials(url, credentials + "@")
 
 
 @dataclass(frozen=True)

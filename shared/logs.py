@@ -78,12 +78,31 @@ class RateLimit(logging.Filter):
         return allowed
 
 
+class OneLine(logging.Filter):
+    """A library's retry of a lost connection: its message and the error on one line, the
+    traceback only at DEBUG (asyncpg's pool logs one per attempt while a database is away)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.levelno < logging.ERROR and not log_debug():
+            error = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {error!r}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def log_debug() -> bool:
+    return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
 def configure(level: str, fmt: str = "text") -> None:
     """Root logging for every ``saga`` process: one format (``text`` or ``json``, one object
     per line), bounded output."""
     if fmt not in ("text", "json"):
         raise ValueError(f"SAGA_LOG_FORMAT {fmt!r}: use text or json")
     logging.basicConfig(level=level.upper(), format=FORMAT)
+    logging.getLogger("asyncpg.pool").addFilter(OneLine())
     limit = RateLimit()
     for handler in logging.getLogger().handlers:
         handler.addFilter(limit)

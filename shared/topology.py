@@ -37,6 +37,7 @@ class Topology:
     namespace: str
     partitions: int
     delivery_limit: int
+    quorum_size: int = 0  # members per queue on a cluster; 0: the broker's default
     # Patterns (fnmatch) of the lifecycle events published; "*": all of them.
     events: tuple[str, ...] = ("*",)
     # The services (one action queue each) are the catalog's; read when first needed, so a
@@ -48,7 +49,8 @@ class Topology:
     def from_settings(cls, settings: Settings) -> Topology:
         return cls(
             settings.namespace, settings.partitions, settings.delivery_limit,
-            events=event_patterns(settings.events), catalog_file=settings.catalog_file,
+            settings.quorum_size, events=event_patterns(settings.events),
+            catalog_file=settings.catalog_file,
         )  # fmt: skip
 
     @functools.cached_property
@@ -142,11 +144,17 @@ class Topology:
         ]
 
     # --- declaration ---------------------------------------------------------------------------
+    def _quorum_args(self) -> dict[str, Any]:
+        args: dict[str, Any] = {"x-queue-type": "quorum"}
+        if self.quorum_size:
+            args["x-quorum-initial-group-size"] = self.quorum_size
+        return args
+
     def _work_queue_args(self, *, single_active: bool) -> dict[str, Any]:
         # At-least-once dead-lettering needs all three of strategy, reject-publish overflow and a
         # dead-letter exchange; without any one RabbitMQ silently falls back to at-most-once.
         args: dict[str, Any] = {
-            "x-queue-type": "quorum",
+            **self._quorum_args(),
             "x-delivery-limit": self.delivery_limit,
             "x-dead-letter-exchange": self.dead_letter_exchange,
             "x-dead-letter-strategy": "at-least-once",
@@ -184,11 +192,11 @@ class Topology:
         )
 
         dead = await channel.declare_queue(
-            self.dead_letter_queue, durable=True, arguments={"x-queue-type": "quorum"}
+            self.dead_letter_queue, durable=True, arguments=self._quorum_args()
         )
         await dead.bind(dlx)
         await channel.declare_queue(
-            self.last_resort_queue, durable=True, arguments={"x-queue-type": "quorum"}
+            self.last_resort_queue, durable=True, arguments=self._quorum_args()
         )
 
         intake = await channel.declare_queue(

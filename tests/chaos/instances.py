@@ -197,10 +197,17 @@ class DisposablePostgres(_Instance):
     """A PostgreSQL 15 cluster of its own: trust auth, user ``postgres``, fsync on. With
     ``tls``, it refuses every connection over TCP that is not TLS (``hostnossl ... reject``)."""
 
-    def __init__(self, *, max_connections: int = 300, tls: TlsFiles | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_connections: int = 300,
+        tls: TlsFiles | None = None,
+        conf: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.max_connections = max_connections
         self.tls = tls
+        self.conf = conf or {}  # postgresql.conf lines, written after initdb
         self.dir: Path | None = None
         self.running = False
         self.starts = 0
@@ -231,7 +238,7 @@ class DisposablePostgres(_Instance):
             self.dir = _own_dir("saga-chaos-pg-", "postgres")
             _live[id(self)] = self
             initdb = [str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres"]
-            await _run_checked(_as_user("postgres", initdb), cwd=self.dir)
+            await self._make_data(initdb)
             if self.tls is not None:
                 self._require_tls(self.tls)
         options = (
@@ -249,6 +256,17 @@ class DisposablePostgres(_Instance):
         self.running = True
         self.starts += 1
         await self._wait_ready()
+
+    async def _make_data(self, initdb: list[str]) -> None:
+        """The data directory: ``initdb``, then ``conf``; a standby copies its primary's."""
+        assert self.dir is not None
+        await _run_checked(_as_user("postgres", initdb), cwd=self.dir)
+        self.write_conf(self.conf)
+
+    def write_conf(self, conf: dict[str, str]) -> None:
+        if conf:
+            with (self.data / "postgresql.conf").open("a", encoding="utf-8") as out:
+                out.writelines(f"{name} = '{value}'\n" for name, value in conf.items())
 
     def _require_tls(self, tls: TlsFiles) -> None:
         shutil.copy(tls.cert, self.data / "server.pem")

@@ -138,6 +138,25 @@ async def test_transient_fault_fails_n_times_then_succeeds(
     assert [(f["mode"], f["remaining"]) for f in faults] == [("transient", 0)]
 
 
+async def test_a_hang_never_answers_keeps_nothing_then_the_call_runs_for_real(
+    pool: asyncpg.Pool, order_id: str
+) -> None:
+    await add_fault(pool, "inventory.reserve_stock", order_id, "hang:1")
+    req = request(order_id, "inventory.reserve_stock", RESERVE)
+    with pytest.raises(TimeoutError):  # what the adapter's timeout does to it
+        await asyncio.wait_for(execute(pool, req), 0.5)
+    assert await applied(pool, order_id) == []
+    result = await execute(pool, req)  # the same key: nothing was kept, so it runs now
+
+    assert result.outcome == "done"
+    assert [e["times"] for e in await applied(pool, order_id)] == [1]
+    await add_fault(pool, "inventory.reserve_stock", order_id, "hang")
+    for _ in range(2):  # "hang" alone: every call
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(execute(pool, request(order_id, "inventory.reserve_stock",
+                                                         RESERVE, key="other")), 0.3)  # fmt: skip
+
+
 async def test_concurrent_calls_with_one_key_apply_once(pool: asyncpg.Pool, order_id: str) -> None:
     req = request(order_id, "payments.charge_card", {"amount_cents": 1200, "card_token": "tok_1"})
     results = await asyncio.gather(*(execute(pool, req) for _ in range(5)))
@@ -417,7 +436,7 @@ async def test_add_fault_refuses_unknown_action(pool: asyncpg.Pool, order_id: st
 @pytest.mark.parametrize(
     ("text", "expected"),
     [("permanent", ("permanent", None)), ("transient:1", ("transient", 1)),
-     ("transient:1000", ("transient", 1000))],
+     ("transient:1000", ("transient", 1000)), ("hang", ("hang", None)), ("hang:3", ("hang", 3))],
 )  # fmt: skip
 def test_parse_mode(text: str, expected: tuple[str, int | None]) -> None:
     assert parse_mode(text) == expected
@@ -426,7 +445,7 @@ def test_parse_mode(text: str, expected: tuple[str, int | None]) -> None:
 @pytest.mark.parametrize(
     "text",
     ["", "perm", "permanent:2", "transient", "transient:", "transient:0", "transient:1001",
-     "transient:x", "transient:-1", "timeout"],
+     "transient:x", "transient:-1", "timeout", "hang:", "hang:0", "hang:1001", "hanging"],
 )  # fmt: skip
 def test_parse_mode_refuses(text: str) -> None:
     with pytest.raises(ValueError, match="fault mode"):

@@ -39,3 +39,36 @@ def test_only_the_setup_sees_an_administrators_password() -> None:
     for name in COMPONENTS:
         depends = services()[name]["depends_on"]
         assert depends["setup"]["condition"] == "service_completed_successfully"
+
+
+CLUSTER = COMPOSE.parent / "deploy" / "compose" / "cluster.yml"
+
+
+def test_the_cluster_file_lists_every_node_to_every_client_and_replicates_the_database() -> None:
+    loaded: dict[str, Any] = yaml.safe_load(CLUSTER.read_text())
+    cluster = loaded["services"]
+    nodes = ["rabbitmq", "rabbitmq-2", "rabbitmq-3"]
+    conf = (CLUSTER.parent / "rabbitmq-cluster.conf").read_text()
+    for node in nodes:
+        assert cluster[node]["hostname"] == node
+        assert f"rabbit@{node}" in conf
+        assert "RABBITMQ_ERLANG_COOKIE" in cluster[node]["environment"]  # one cookie for all
+    for name in (*COMPONENTS, "setup"):
+        env = cluster[name]["environment"]
+        broker = env["SAGA_AMQP_URL"].removeprefix("amqp://").rpartition("@")[2]
+        assert broker.startswith(",".join(f"{n}:5672" for n in nodes)), name
+        database = env["SAGA_DATABASE_URL"]
+        assert "@postgres:5432,postgres-standby:5432/saga" in database or name == "setup", name
+        assert database.endswith("?target_session_attrs=read-write"), name
+        assert env["SAGA_QUORUM_SIZE"] == "3"
+        if name != "setup":  # the main file's own role and password, on every host
+            own = f"${{SAGA_PASSWORD_SAGA_{name.upper()}}}"
+            assert f"saga-{name}:{own}@" in env["SAGA_AMQP_URL"], name
+            assert f"saga_{name}:{own}@" in database, name
+            assert cluster[name]["deploy"]["replicas"] >= 2, name
+    primary = cluster["postgres"]["command"]
+    assert "synchronous_standby_names=*" in primary
+    standby = " ".join(cluster["postgres-standby"]["entrypoint"])
+    assert "pg_basebackup -h postgres" in standby and " -R " in standby
+    # every service the override names exists in the main file or in the override itself
+    assert set(cluster) - set(services()) == {"rabbitmq-2", "rabbitmq-3", "postgres-standby"}

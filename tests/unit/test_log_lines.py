@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -14,7 +15,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from shared.delivery import Outcome, _judge
 from shared.errors import InvalidMessage
-from shared.logs import JsonLines, configure, context
+from shared.logs import JsonLines, OneLine, configure, context
 
 
 def delivery() -> AbstractIncomingMessage:
@@ -79,3 +80,19 @@ def test_json_lines_carry_the_context_and_the_traceback() -> None:
 def test_an_unknown_log_format_is_refused() -> None:
     with pytest.raises(ValueError, match="SAGA_LOG_FORMAT 'xml'"):
         configure("INFO", "xml")
+
+
+def test_a_librarys_reconnection_warning_is_one_line() -> None:
+    try:
+        raise ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 1)")
+    except ConnectionRefusedError:
+        record = logging.LogRecord(
+            "asyncpg.pool", logging.WARNING, __file__, 1, "Failed to restore the %s floor",
+            ("pool",), sys.exc_info(),
+        )  # fmt: skip
+    assert OneLine().filter(record)
+    assert record.exc_info is None
+    assert record.getMessage() == (
+        'Failed to restore the pool floor: ConnectionRefusedError(111, "Connect call failed '
+        "('127.0.0.1', 1)\")"
+    )

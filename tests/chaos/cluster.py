@@ -1,0 +1,157 @@
+"""Disposable clusters on one machine: three RabbitMQ nodes joined into one cluster, and a
+PostgreSQL primary with a synchronous streaming standby. Built from ``instances``' single
+servers (own ports, node names and directories; removed on exit).
+
+    async with RabbitCluster() as rabbit, ReplicatedPostgres() as pg:
+        Settings(amqp_url=rabbit.url(), database_url=pg.url("saga"), quorum_size=3)
+        await rabbit.nodes[0].crash(); await pg.fail_over()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from types import TracebackType
+from typing import Self
+
+import asyncpg
+
+from tests.chaos.instances import (
+    PG_BIN,
+    DisposablePostgres,
+    DisposableRabbit,
+    InstanceError,
+    _as_user,
+    _run_checked,
+)
+
+
+class RabbitCluster:
+    def __init__(self, size: int = 3) -> None:
+        self.nodes = [DisposableRabbit() for _ in range(size)]
+
+    def url(self, vhost: str = "") -> str:
+        """Every node, as ``shared.addresses`` reads it."""
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        return f"amqp://guest:guest@{hosts}/{vhost}"
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await asyncio.gather(*(n.start() for n in self.nodes))
+        first = self.nodes[0]
+        for node in self.nodes[1:]:
+            await node.ctl("stop_app")
+            await node.ctl("join_cluster", first.name)
+            await node.ctl("start_app")
+            await node._wait_amqp(limit_s=90.0)
+        running = await self.running_nodes()
+        if len(running) != len(self.nodes):
+            raise InstanceError(f"cluster formed with {running}, not all {len(self.nodes)}")
+
+    async def running_nodes(self, via: DisposableRabbit | None = None) -> list[str]:
+        node = via or next(n for n in self.nodes if n.running)
+        status = json.loads(await node.ctl("cluster_status", "--formatter", "json"))
+        return sorted(status["running_nodes"])
+
+    async def leaders(self, vhost: str = "/") -> dict[str, str]:
+        """Each quorum queue of ``vhost`` and the node that leads it."""
+        node = next(n for n in self.nodes if n.running)
+        out = await node.ctl("list_queues", "-p", vhost, "name", "leader", "--formatter", "json")
+        return {q["name"]: q["leader"] for q in json.loads(out) if q.get("leader")}
+
+    async def busiest_leader(self, prefix: str, vhost: str = "/") -> DisposableRabbit:
+        """The node leading most queues whose name starts with ``prefix``."""
+        led = Counter(n for q, n in (await self.leaders(vhost)).items() if q.startswith(prefix))
+        name = led.most_common(1)[0][0]
+        return next(n for n in self.nodes if n.name == name)
+
+    async def close(self) -> None:
+        for node in self.nodes:
+            await node.close()
+
+
+class _Standby(DisposablePostgres):
+    """A streaming standby of ``primary``: its data is a base backup, not an initdb."""
+
+    def __init__(self, primary: DisposablePostgres) -> None:
+        # After a promotion it runs alone: it must not wait for a standby of its own.
+        super().__init__(max_connections=primary.max_connections,
+                         conf={"synchronous_standby_names": ""})  # fmt: skip
+        self.primary = primary
+
+    async def _make_data(self, initdb: list[str]) -> None:
+        assert self.dir is not None
+        backup = [str(PG_BIN / "pg_basebackup"), "-D", str(self.data), "-h", "127.0.0.1",
+                  "-p", str(self.primary.port), "-U", "postgres", "-X", "stream", "-R"]  # fmt: skip
+        await _run_checked(_as_user("postgres", backup), cwd=self.dir)
+        self.write_conf(self.conf)
+
+    async def promote(self) -> None:
+        assert self.dir is not None
+        await _run_checked(self._pg_ctl("-w", "-t", "60", "promote"), cwd=self.dir)
+
+
+class ReplicatedPostgres:
+    """A primary that commits only once its standby has the WAL (synchronous replication),
+    and that standby, streaming."""
+
+    def __init__(self) -> None:
+        self.primary = DisposablePostgres(conf={"synchronous_standby_names": "*"})
+        self.standby = _Standby(self.primary)
+
+    def url(self, dbname: str = "postgres") -> str:
+        """Both servers, the writable one chosen by asyncpg."""
+        hosts = f"127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}"
+        return f"postgresql://postgres@{hosts}/{dbname}?target_session_attrs=read-write"
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.primary.start()
+            await self.standby.start()
+            await self.wait_synchronous()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def wait_synchronous(self, limit_s: float = 30.0) -> None:
+        conn = await asyncpg.connect(self.primary.url())
+        try:
+            async with asyncio.timeout(limit_s):
+                query = "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'"
+                while True:
+                    if await conn.fetchval(query) >= 1:
+                        return
+                    await asyncio.sleep(0.1)
+        finally:
+            await conn.close()
+
+    async def fail_over(self) -> float:
+        """SIGKILL-like loss of the primary (``-m immediate``), then the standby promoted; the
+        seconds the promotion took."""
+        await self.primary.crash()
+        started = asyncio.get_running_loop().time()
+        await self.standby.promote()
+        return asyncio.get_running_loop().time() - started
+
+    async def close(self) -> None:
+        await self.standby.close()
+        await self.primary.close()
