@@ -12,6 +12,7 @@ from datetime import datetime
 from saga_coordinator import gates
 from saga_coordinator.authority import may_act
 from saga_coordinator.progress import (
+    abort_overtaken,
     advance,
     begin_compensation,
     finish,
@@ -34,7 +35,7 @@ from saga_coordinator.transition import (
     reply,
     request,
 )
-from shared.catalog import Catalog
+from shared.catalog import ActionClass, Catalog
 from shared.errors import PlanRejected
 from shared.gateway import AdmittedPlan, admit
 from shared.messages import (
@@ -230,6 +231,12 @@ def on_forward_outcome(
             step = step.evolve(**common).evolve(
                 status="done", result=message.result, landed_seq=state.landed_count + 1
             )
+            if (
+                state.status == "compensating"
+                and step.action_class is ActionClass.IRREVERSIBLE
+                and all(s.status != "skipped" for s in state.steps)
+            ):  # the abort came while the last step, irreversible, was in flight
+                state = abort_overtaken(state, step, now)
             state = land(state, step, now)
             out.append(event(state, "step.done", now, step))
             return Transition(advance(state, now, out), tuple(out), note=f"step {step.index} done")

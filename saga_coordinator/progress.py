@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from saga_coordinator.register import CompensationStatus, SagaState, SagaStatus, Step
+from saga_coordinator.register import CompensationStatus, Decision, SagaState, SagaStatus, Step
 from saga_coordinator.transition import Outgoing, event, request
 from shared.catalog import ActionClass
 from shared.messages import EventType
@@ -30,6 +30,19 @@ def compensation_needed(step: Step) -> CompensationStatus:
     if step.action_class.needs_compensation:
         return "pending"
     return "none"
+
+
+def abort_overtaken(state: SagaState, step: Step, now: datetime) -> SagaState:
+    """An abort came while the last step, irreversible, was in flight, and it has landed: it
+    cannot be undone, so undoing the steps before it would leave the customer with, say, a
+    refund e-mail for a refund taken back. The abort is void and the saga completes (no
+    compensation has run: one action is in flight at a time). With steps still to come after
+    such a step, the abort stands: nothing more runs forward, and the step is a residue."""
+    steps = tuple(s.evolve(compensation_status="none") for s in state.steps)
+    note = f"{step.action} (irreversible) landed before the abort could stop it"
+    void = Decision(kind="abort_overtaken", note=note, at=now, by="coordinator")
+    return state.evolve(steps=steps, status="running", reason=None, updated_at=now,
+                        decisions=(*state.decisions, void))  # fmt: skip
 
 
 def land(state: SagaState, step: Step, now: datetime) -> SagaState:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -49,7 +50,7 @@ class RabbitCluster:
     ) -> None:
         await self.close()
 
-    async def start(self) -> None:
+    async def _form(self) -> None:
         await asyncio.gather(*(n.start() for n in self.nodes))
         first = self.nodes[0]
         for node in self.nodes[1:]:
@@ -77,6 +78,46 @@ class RabbitCluster:
         led = Counter(n for q, n in (await self.leaders(vhost)).items() if q.startswith(prefix))
         name = led.most_common(1)[0][0]
         return next(n for n in self.nodes if n.name == name)
+
+    # --- what the chaos harness asks of a broker (``DisposableRabbit``'s interface) ----------
+    namespace = "chaos"  # whose partition queues' leaders are the victims
+
+    @property
+    def name(self) -> str:
+        return ", ".join(n.name for n in self.nodes)
+
+    @property
+    def port(self) -> str:
+        return ",".join(str(n.port) for n in self.nodes)
+
+    @property
+    def starts(self) -> int:
+        """1 + the node restarts, as a single node counts its own."""
+        return 1 + sum(n.starts - 1 for n in self.nodes)
+
+    async def _victim(self) -> DisposableRabbit:
+        try:
+            return await self.busiest_leader(f"{self.namespace}.partition.")
+        except (InstanceError, IndexError, ValueError):
+            return next(n for n in self.nodes if n.running)
+
+    async def crash(self) -> None:
+        """SIGKILL the node leading most partition queues."""
+        await (await self._victim()).crash()
+
+    async def stop(self) -> None:
+        await (await self._victim()).stop()
+
+    async def start(self) -> None:
+        if all(n.dir is None for n in self.nodes):
+            await self._form()
+            return
+        for node in self.nodes:  # the nodes that are down rejoin on their own
+            await node.start()
+
+    def archive_log(self, dest: Path) -> None:
+        for node in self.nodes:
+            node.archive_log(dest / node.name.split("@")[0])
 
     async def close(self) -> None:
         for node in self.nodes:
@@ -111,6 +152,8 @@ class ReplicatedPostgres:
     def __init__(self) -> None:
         self.primary = DisposablePostgres(conf={"synchronous_standby_names": "*"})
         self.standby = _Standby(self.primary)
+        self.failed_over = False
+        self.promote_s: float | None = None
 
     def url(self, dbname: str = "postgres") -> str:
         """Both servers, the writable one chosen by asyncpg."""
@@ -119,13 +162,21 @@ class ReplicatedPostgres:
 
     async def __aenter__(self) -> Self:
         try:
-            await self.primary.start()
-            await self.standby.start()
-            await self.wait_synchronous()
+            await self.start()
         except BaseException:
             await self.close()
             raise
         return self
+
+    async def start(self) -> None:
+        """Both at first; after a fail-over, the promoted standby (the old primary stays down:
+        re-attaching it as a standby is an operator's job, or a fail-over manager's)."""
+        if self.failed_over:
+            await self.standby.start()
+            return
+        await self.primary.start()
+        await self.standby.start()
+        await self.wait_synchronous()
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -150,7 +201,35 @@ class ReplicatedPostgres:
         await self.primary.crash()
         started = asyncio.get_running_loop().time()
         await self.standby.promote()
-        return asyncio.get_running_loop().time() - started
+        self.failed_over = True
+        self.promote_s = asyncio.get_running_loop().time() - started
+        return self.promote_s
+
+    # --- what the chaos harness asks of a database (``DisposablePostgres``'s interface) -----
+    @property
+    def port(self) -> str:
+        return f"{self.primary.port},{self.standby.port}"
+
+    @property
+    def starts(self) -> int:
+        return self.primary.starts + self.standby.starts - 1
+
+    async def crash(self) -> None:
+        """The first time, a fail-over; then the promoted standby crashes like any server."""
+        if not self.failed_over:
+            await self.fail_over()
+        else:
+            await self.standby.crash()
+
+    async def stop(self) -> None:
+        await (self.standby.stop() if self.failed_over else self.primary.stop())
+
+    async def dump(self, dbname: str, dest: Path) -> None:
+        await (self.standby if self.failed_over else self.primary).dump(dbname, dest)
+
+    def archive_log(self, dest: Path) -> None:
+        self.primary.archive_log(dest / "primary")
+        self.standby.archive_log(dest / "standby")
 
     async def close(self) -> None:
         await self.standby.close()

@@ -32,11 +32,14 @@ from typing import Any
 
 import asyncpg
 
+from services.faults import clear_faults
 from shared.bus import Bus
 from shared.config import Settings
 from shared.gateway import load_catalog
+from shared.messages import ResumeSaga
 from shared.migrations import migrate
 from tests.chaos.checks import Observed, Verdict, observe, verify
+from tests.chaos.cluster import RabbitCluster, ReplicatedPostgres
 from tests.chaos.instances import DisposablePostgres, DisposableRabbit
 from tests.chaos.load import (
     Load,
@@ -73,6 +76,9 @@ class ChaosConfig:
     kill_pause_s: float = 2.0  # a killed process is restarted after 0..this many seconds
     broker_restarts: int = 1
     db_restarts: int = 1
+    # An adapter frozen (SIGSTOP) this long, once: longer than any step's answer window, so the
+    # coordinator's deadlines fire and resend while the frozen process holds its deliveries.
+    freeze_s: float = 40.0
     # A restarted server stays down between half this and this many seconds.
     broker_down_s: float = 3.0
     db_down_s: float = 3.0
@@ -82,6 +88,7 @@ class ChaosConfig:
     # Sagas per order, drawn uniformly: orders running 2-3 sagas in a row exercise the convoy.
     per_order: tuple[int, ...] = LoadShape.per_order
     workdir: Path | None = None
+    cluster: bool = False  # three broker nodes, and a primary with a standby
     # A scripted outage run beside the load (the outage tests): started with the load.
     disruption: Disruption | None = None
 
@@ -94,6 +101,7 @@ class ChaosResult:
     verdict: Verdict
     publish: PublishStats
     kills: Counter[str]
+    freezes: Counter[str]
     broker_restarts: int
     db_restarts: int
     process_exits: list[ProcessExit]
@@ -102,6 +110,7 @@ class ChaosResult:
     duration_s: float
     orders: int
     summary: str = ""
+    promote_s: float | None = None  # a cluster run's fail-over
 
     @property
     def ok(self) -> bool:
@@ -120,12 +129,23 @@ class ChaosSystem:
     """Disposable Postgres and RabbitMQ, migrated and declared, with every component running as
     its own OS process. Everything is stopped and removed on exit, the logs kept in ``workdir``."""
 
-    def __init__(self, workdir: Path, say: Say = _say, partitions: int = 4) -> None:
+    def __init__(
+        self, workdir: Path, say: Say = _say, partitions: int = 4, *, cluster: bool = False
+    ) -> None:
         self.workdir = workdir
         self.say = say
         self.partitions = partitions
-        self.pg = DisposablePostgres()
-        self.rabbit = DisposableRabbit()
+        # A cluster: three RabbitMQ nodes (a broker crash kills the leader of most partitions)
+        # and a primary with a synchronous standby (the first database crash is a fail-over).
+        self.cluster = cluster
+        self.pg: DisposablePostgres | ReplicatedPostgres = (
+            ReplicatedPostgres() if cluster else DisposablePostgres()
+        )
+        self.rabbit: DisposableRabbit | RabbitCluster = (
+            RabbitCluster() if cluster else DisposableRabbit()
+        )
+        if isinstance(self.rabbit, RabbitCluster):
+            self.rabbit.namespace = NAMESPACE
         self._pool: asyncpg.Pool | None = None
         self._supervisor: Supervisor | None = None
         self.graceful_stop: dict[str, bool] = {}
@@ -139,6 +159,7 @@ class ChaosSystem:
             namespace=NAMESPACE,
             partitions=self.partitions,
             identity="shared",  # crash safety is tested here; who may send what, elsewhere
+            quorum_size=3 if self.cluster else 0,
         )
 
     @property
@@ -160,6 +181,7 @@ class ChaosSystem:
             "SAGA_NAMESPACE": NAMESPACE,
             "SAGA_PARTITIONS": str(self.partitions),
             "SAGA_IDENTITY": "shared",
+            "SAGA_QUORUM_SIZE": str(self.settings.quorum_size),
             "SAGA_LOG_LEVEL": "WARNING",
         }
 
@@ -267,6 +289,7 @@ class Monkey:
     say: Say
     t0: float = field(default_factory=time.monotonic)
     _round: list[str] = field(default_factory=list)
+    _frozen: set[str] = field(default_factory=set)
 
     def log(self, text: str) -> None:
         self.say(f"[{time.monotonic() - self.t0:7.1f}s] {text}")
@@ -287,6 +310,8 @@ class Monkey:
                 await asyncio.wait_for(stop.wait(), wait)
                 return
             name = self._victim()
+            if name in self._frozen:
+                continue  # a kill would end its hang: the restarted process answers at once
             if not await self.system.supervisor.kill(name):
                 continue  # down already (it exited and waits for its restart)
             pause = self.rng.uniform(0, self.config.kill_pause_s)
@@ -304,6 +329,20 @@ class Monkey:
             at = window_s * (k + 0.6 + 0.3 * self.rng.random()) / self.config.db_restarts
             plan.append((at, "database"))
         return sorted(plan)
+
+    async def freeze(self, window_s: float) -> None:
+        if self.config.freeze_s <= 0:
+            return
+        await asyncio.sleep(window_s * (0.3 + 0.2 * self.rng.random()))
+        adapters = sorted(n for n in self.system.supervisor.components if "coordinator" not in n)
+        name = self.rng.choice(adapters)
+        self.log(f"SIGSTOP {name} for {self.config.freeze_s:.0f}s (it hangs; deadlines fire)")
+        self._frozen.add(name)
+        try:
+            if await self.system.supervisor.freeze(name, self.config.freeze_s):
+                self.log(f"SIGCONT {name}")
+        finally:
+            self._frozen.discard(name)
 
     async def outages(self, window_s: float) -> None:
         done: Counter[str] = Counter()
@@ -345,7 +384,7 @@ async def run_chaos(config: ChaosConfig, say: Say = _say) -> ChaosResult:
     load = build_load(config, rng)
     (workdir / "load.json").write_text(json.dumps(load.describe(), indent=1))
     with _library_logs_to(workdir / "harness.log"):
-        async with ChaosSystem(workdir, say) as system:
+        async with ChaosSystem(workdir, say, cluster=config.cluster) as system:
             result = await _drive(system, load, config, seed, rng, say)
     result.graceful_stop = system.graceful_stop
     result.summary = summarize(result)
@@ -391,6 +430,7 @@ async def _drive(
     chaos = [
         asyncio.create_task(monkey.kill_loop(stop_kills), name="kills"),
         asyncio.create_task(monkey.outages(window), name="outages"),
+        asyncio.create_task(monkey.freeze(window), name="freeze"),
     ]
     if config.disruption is not None:
         chaos.append(asyncio.create_task(config.disruption(system, monkey.log), name="outage"))
@@ -403,6 +443,8 @@ async def _drive(
         monkey.log("chaos over; waiting for every saga to settle")
         progress.cancel()
         settled = await system.settle(len(load.sagas), config.settle_timeout_s, monkey.log)
+        if settled and await resume_half(system, load, publisher, rng, monkey.log):
+            settled = await system.settle(len(load.sagas), config.settle_timeout_s, monkey.log)
         duration = time.monotonic() - started
         seen = await _observe(system)
         verdict = verify(load, seen, publisher.stats.confirmed_ids)
@@ -420,6 +462,7 @@ async def _drive(
         verdict=verdict,
         publish=publisher.stats,
         kills=system.supervisor.kills,
+        freezes=system.supervisor.freezes,
         broker_restarts=system.rabbit.starts - 1,
         db_restarts=system.pg.starts - 1,
         process_exits=list(system.supervisor.exits),
@@ -427,7 +470,29 @@ async def _drive(
         settled=settled,
         duration_s=duration,
         orders=len(load.orders),
+        promote_s=getattr(system.pg, "promote_s", None),
     )
+
+
+async def resume_half(
+    system: ChaosSystem, load: Load, publisher: Publisher, rng: random.Random, log: Say
+) -> int:
+    """An operator's work once the chaos is over: for half the sagas in needs_human (the rest
+    keep holding their orders), clear the order's faults and send ``resume``. Recorded in the
+    load, whose expectations change with it (see ``load.expect``)."""
+    rows = await system.pool.fetch("SELECT saga_id, order_id FROM sagas "
+                                   "WHERE status = 'needs_human' ORDER BY saga_id")  # fmt: skip
+    chosen = [r for r in rows if rng.random() < 0.5]
+    for row in chosen:
+        await clear_faults(system.pool, row["order_id"])
+        load.resumed.add(row["saga_id"])
+        await publisher.publish_command(ResumeSaga(
+            message_id=f"resume-{row['saga_id']}", saga_id=row["saga_id"],
+            order_id=row["order_id"], note="chaos: the faults are fixed",
+        ))  # fmt: skip
+        publisher.stats.resumes += 1
+    log(f"resumed {len(chosen)} of {len(rows)} sagas in needs_human, their faults cleared")
+    return len(chosen)
 
 
 async def _publish(publisher: Publisher, limit_s: float, log: Say) -> None:
@@ -489,8 +554,10 @@ def summarize(result: ChaosResult) -> str:
         f"run directory        {result.workdir}",
         f"sagas                {result.config.sagas} over {result.orders} orders",
         f"kills (SIGKILL)      {sum(result.kills.values())}: {kills}",
+        f"frozen (SIGSTOP)     {', '.join(f'{k} {n}' for k, n in result.freezes.items()) or 'none'}"
+        f" for {result.config.freeze_s:.0f}s",
         f"broker restarts      {result.broker_restarts}",
-        f"database restarts    {result.db_restarts}",
+        f"database restarts    {result.db_restarts}" + _fail_over(result),
         f"terminal states      {terminal}"
         + (f" ({v.held} waiting behind a needs_human saga of their order)" if v.held else ""),
         f"settled in time      {'yes' if result.settled else 'NO'}",
@@ -502,6 +569,8 @@ def summarize(result: ChaosResult) -> str:
         "first publish to all settled)",
         f"agent publishes      {result.publish.confirmed} confirmed, {result.publish.retries} "
         f"re-sent, {result.publish.reconnects} new connections, errors {result.publish.errors}",
+        f"operators' commands  {result.publish.aborts} aborts (during the chaos), "
+        f"{result.publish.resumes} resumes (after it)",
         f"recovery at work     {_handling(v.handling)}",
         f"process exits        {len(result.process_exits)} not caused by the harness",
         "graceful stop        "
@@ -514,6 +583,11 @@ def summarize(result: ChaosResult) -> str:
         lines += [f"  {n}" for n in v.notes[:10]]
     lines.append("=" * 78)
     return "\n".join(lines)
+
+
+def _fail_over(result: ChaosResult) -> str:
+    promote_s = result.promote_s
+    return "" if promote_s is None else f", and a fail-over (standby promoted in {promote_s:.1f}s)"
 
 
 def _handling(counts: dict[str, int]) -> str:
@@ -587,7 +661,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--broker-down", type=float, default=3.0, help=down)
     parser.add_argument("--db-down", type=float, default=3.0, help=down)
     parser.add_argument("--settle-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--freeze", type=float, default=40.0, help="seconds one adapter hangs (SIGSTOP); 0: none"
+    )
     parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument(
+        "--cluster", action="store_true",
+        help="three RabbitMQ nodes (a broker crash kills the leader of most partitions) and a "
+        "Postgres primary with a synchronous standby (the first database crash fails over)",
+    )  # fmt: skip
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--reverify", type=Path, metavar="RUN_DIR", help="check a kept run again")
     return parser
@@ -606,8 +688,10 @@ def config_from(args: argparse.Namespace) -> ChaosConfig:
         broker_down_s=args.broker_down,
         db_down_s=args.db_down,
         settle_timeout_s=args.settle_timeout,
+        freeze_s=args.freeze,
         with_faults=not args.no_faults,
         workdir=args.workdir,
+        cluster=args.cluster,
     )
 
 

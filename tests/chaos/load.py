@@ -19,7 +19,7 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import asyncpg
@@ -29,7 +29,7 @@ from services.faults import MAX_TRANSIENT, add_fault
 from shared.bus import Bus
 from shared.catalog import ActionClass, Catalog
 from shared.config import Settings
-from shared.messages import StartSaga
+from shared.messages import AbortSaga, ResumeSaga, StartSaga
 
 VALIDATE_ADDRESS = "erp.validate_address"
 CLOSED_ADDRESS = "Closed depot, 7 Harbour Quay"
@@ -96,10 +96,20 @@ class PlannedSaga:
     kind: str
     params: dict[str, JsonValue]
     message_id: str  # fixed up front: a re-sent start must be the same message
+    # The agent aborts the saga this long after its start is confirmed (None: never).
+    abort_after_s: float | None = None
 
     @property
     def closed_address(self) -> bool:
         return "closed" in str(self.params.get("address", "")).casefold()
+
+    def abort(self) -> AbortSaga:
+        return AbortSaga(
+            message_id=f"abort-{self.message_id}",
+            saga_id=self.saga_id,
+            order_id=self.order_id,
+            reason="chaos: the agent changed its mind",
+        )
 
     def command(self) -> StartSaga:
         return StartSaga(
@@ -118,6 +128,8 @@ class Load:
     # Per order, in the order its agent publishes them (each after the previous is confirmed).
     orders: dict[str, list[PlannedSaga]] = field(default_factory=dict)
     faults: dict[tuple[str, str], Fault] = field(default_factory=dict)
+    # Sagas an operator resumed from needs_human once their order's faults were cleared.
+    resumed: set[str] = field(default_factory=set)
 
     def faults_of(self, order_id: str) -> dict[str, Fault]:
         return {a: f for (o, a), f in self.faults.items() if o == order_id}
@@ -133,9 +145,11 @@ class Load:
                     "kind": s.kind,
                     "params": s.params,
                     "message_id": s.message_id,
+                    "abort_after_s": s.abort_after_s,
                 }
                 for s in self.sagas
             ],
+            "resumed": sorted(self.resumed),
             "faults": [
                 {
                     "order_id": f.order_id,
@@ -160,6 +174,7 @@ class Load:
                 kind=raw["kind"],
                 params=raw["params"],
                 message_id=raw.get("message_id", ""),
+                abort_after_s=raw.get("abort_after_s"),
             )
             load.sagas.append(saga)
             load.orders.setdefault(saga.order_id, []).append(saga)
@@ -167,6 +182,7 @@ class Load:
             unknown = raw.get("effect_unknown", raw["mode"] == f"transient:{MAX_TRANSIENT}")
             fault = Fault(raw["action"], raw["order_id"], raw["mode"], raw["fails"], unknown)
             load.faults[(fault.order_id, fault.action)] = fault
+        load.resumed = set(described.get("resumed", []))
         return load
 
 
@@ -179,6 +195,7 @@ class LoadShape:
     # Sagas per order, drawn uniformly from this list: some orders run 2-3 sagas in a row.
     per_order: tuple[int, ...] = (1, 1, 1, 1, 1, 1, 2, 2, 2, 3)
     with_faults: bool = True  # False: no fault and no closed depot, every saga must complete
+    abort_share: float = 0.05  # sagas the agent aborts soon after starting them
 
 
 def plan_load(shape: LoadShape, plans: dict[str, tuple[PlanStep, ...]], rng: random.Random) -> Load:
@@ -210,12 +227,14 @@ def _saga(order_id: str, n: int, shape: LoadShape, rng: random.Random) -> Planne
         closed = shape.with_faults and rng.random() < shape.closed_address_share
         params["card_token"] = "tok_visa_4242"
         params["address"] = CLOSED_ADDRESS if closed else OPEN_ADDRESS
+    aborted = shape.with_faults and rng.random() < shape.abort_share
     return PlannedSaga(
         saga_id=f"{order_id}-s{n + 1}-{rng.getrandbits(32):08x}",
         order_id=order_id,
         kind=kind,
         params=params,
         message_id=f"start-{order_id}-{n + 1}-{rng.getrandbits(32):08x}",
+        abort_after_s=round(rng.uniform(0.0, 1.5), 2) if aborted else None,
     )
 
 
@@ -263,11 +282,38 @@ class Expectation:
     effect_unknown: bool = False  # ...and whether it fails as "may have landed"
     failing_compensation: int | None = None  # the step whose compensation fails (needs_human)
     why: str = ""
+    # Other outcomes a race makes possible (an abort that may come before or after the end).
+    also: frozenset[str] = frozenset()
+
+    def allows(self, status: str) -> bool:
+        return status == self.outcome or status in self.also
 
 
 def expect(saga: PlannedSaga, load: Load) -> Expectation:
+    """What the saga must end as: from its faults; for a resumed saga, compensated (its
+    order's faults were cleared first, so the rest of the way back works, and so does every
+    saga of the order that ran after it); for an aborted one, also compensated, or needs_human
+    when a compensation of its order fails, as the abort arrived before or after the end."""
+    order = load.orders.get(saga.order_id, [saga])
+    resumed = [i for i, s in enumerate(order) if s.saga_id in load.resumed]
+    if saga.saga_id in load.resumed:
+        return Expectation("compensated", why="resumed after its faults were cleared")
+    cleared = bool(resumed) and order.index(saga) > resumed[0]
+    want = _expected_from_faults(saga, load, {} if cleared else load.faults_of(saga.order_id))
+    if saga.abort_after_s is None:
+        return want
+    also = {"compensated"}
+    if any(f.fails for a, f in load.faults_of(saga.order_id).items() if _is_compensation(load, a)):
+        also.add("needs_human")
+    return replace(want, also=frozenset(also - {want.outcome}), why=f"{want.why}; aborted")
+
+
+def _is_compensation(load: Load, action: str) -> bool:
+    return any(step.compensation == action for plan in load.plans.values() for step in plan)
+
+
+def _expected_from_faults(saga: PlannedSaga, load: Load, faults: dict[str, Fault]) -> Expectation:
     plan = load.plans[saga.kind]
-    faults = load.faults_of(saga.order_id)
     failing = _first_certain_failure(saga, plan, faults)
     if failing is None:
         return Expectation("completed", why="no certain failure injected")
@@ -306,6 +352,8 @@ class PublishStats:
     reconnects: int = 0  # times the agent gave up on its connection and opened a new one
     errors: dict[str, int] = field(default_factory=dict)  # kinds of error seen, with counts
     confirmed_ids: set[str] = field(default_factory=set)
+    aborts: int = 0  # abort commands confirmed
+    resumes: int = 0  # resume commands confirmed, after the load
 
 
 class Publisher:
@@ -339,6 +387,7 @@ class Publisher:
             await self._publish_all()
         finally:
             await self._bus.close()
+            self._bus = None
 
     async def _publish_all(self) -> None:
         start = time.monotonic()
@@ -358,8 +407,21 @@ class Publisher:
         for saga in sagas:
             await self._publish_until_confirmed(saga.command())
             self.stats.confirmed_ids.add(saga.saga_id)
+            if saga.abort_after_s is not None:
+                await asyncio.sleep(saga.abort_after_s)
+                await self._publish_until_confirmed(saga.abort(), start=False)
+                self.stats.aborts += 1
 
-    async def _publish_until_confirmed(self, command: StartSaga) -> None:
+    async def publish_command(self, command: StartSaga | AbortSaga | ResumeSaga) -> None:
+        """One command, re-sent (the same message) until the broker confirms it."""
+        if self._bus is None:
+            self._bus = Bus(self.settings)
+            await self._bus.connect()
+        await self._publish_until_confirmed(command, start=False)
+
+    async def _publish_until_confirmed(
+        self, command: StartSaga | AbortSaga | ResumeSaga, *, start: bool = True
+    ) -> None:
         backoff = 0.2
         while True:
             bus = self._bus
@@ -373,7 +435,7 @@ class Publisher:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
-            self._confirmed()
+            self._confirmed(start)
             return
 
     def _failed(self, exc: Exception) -> None:
@@ -383,9 +445,9 @@ class Publisher:
         if self._failing_since is None:
             self._failing_since = time.monotonic()
 
-    def _confirmed(self) -> None:
+    def _confirmed(self, start: bool) -> None:
         self._failing_since = None
-        self.stats.confirmed += 1
+        self.stats.confirmed += 1 if start else 0  # starts: what a run must get through
 
     async def _maybe_reconnect(self, bus: Bus) -> None:
         since = self._failing_since

@@ -73,6 +73,7 @@ class Supervisor:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.t0 = time.monotonic()
         self.kills: Counter[str] = Counter()
+        self.freezes: Counter[str] = Counter()
         self.starts: Counter[str] = Counter()
         self.exits: list[ProcessExit] = []
         self._running: dict[str, _Running] = {}
@@ -154,6 +155,22 @@ class Supervisor:
             running.proc.send_signal(signal.SIGKILL)
         await running.proc.wait()
         self.kills[name] += 1
+        return True
+
+    async def freeze(self, name: str, seconds: float) -> bool:
+        """SIGSTOP ``name`` for ``seconds``, then SIGCONT: a process that hangs, holding its
+        deliveries and answering nothing. False if it was not running."""
+        running = self._running.get(name)
+        if running is None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            running.proc.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                running.proc.send_signal(signal.SIGCONT)
+        self.freezes[name] += 1
         return True
 
     async def stop_all(self, grace_s: float = 15.0) -> dict[str, bool]:

@@ -30,6 +30,7 @@ def quiet_config(outage: Disruption) -> ChaosConfig:
         chaos_tail_s=0.0,
         settle_timeout_s=180.0,
         with_faults=False,
+        freeze_s=0.0,
         disruption=outage,
     )
 
