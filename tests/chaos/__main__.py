@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from tests.chaos.harness import main
+from tests.chaos.cli import main
 
 sys.exit(main())

@@ -13,14 +13,12 @@ of the final database (saga.dump), to investigate a failure afterwards.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import logging
 import os
 import random
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -51,6 +49,7 @@ from tests.chaos.load import (
     saga_plans,
 )
 from tests.chaos.processes import ProcessExit, Supervisor
+from tests.chaos.summary import summarize, violation_lines
 
 Say = Callable[[str], None]
 Disruption = Callable[["ChaosSystem", Say], Coroutine[Any, Any, None]]
@@ -543,80 +542,6 @@ async def _progress(system: ChaosSystem, publisher: Publisher, monkey: Monkey, l
 # --- the summary ---------------------------------------------------------------------------------
 
 
-def summarize(result: ChaosResult) -> str:
-    v = result.verdict
-    kills = ", ".join(f"{k} {n}" for k, n in sorted(result.kills.items())) or "none"
-    terminal = ", ".join(f"{k} {n}" for k, n in sorted(v.terminal.items())) or "none"
-    graceful = [n for n, ok in sorted(result.graceful_stop.items()) if not ok]
-    lines = [
-        "=" * 78,
-        f"CHAOS SUMMARY  ({'PASS' if result.ok else 'FAIL'})   seed {result.seed}",
-        f"run directory        {result.workdir}",
-        f"sagas                {result.config.sagas} over {result.orders} orders",
-        f"kills (SIGKILL)      {sum(result.kills.values())}: {kills}",
-        f"frozen (SIGSTOP)     {', '.join(f'{k} {n}' for k, n in result.freezes.items()) or 'none'}"
-        f" for {result.config.freeze_s:.0f}s",
-        f"broker restarts      {result.broker_restarts}",
-        f"database restarts    {result.db_restarts}" + _fail_over(result),
-        f"terminal states      {terminal}"
-        + (f" ({v.held} waiting behind a needs_human saga of their order)" if v.held else ""),
-        f"settled in time      {'yes' if result.settled else 'NO'}",
-        f"lost                 {v.lost}",
-        f"duplicated effects   {v.duplicated_effects}",
-        f"dead letters         {v.dead_letters}",
-        f"rule violations      {len(v.violations)}",
-        f"duration             {result.duration_s:.1f}s ({result.sagas_per_s:.1f} sagas/s, "
-        "first publish to all settled)",
-        f"agent publishes      {result.publish.confirmed} confirmed, {result.publish.retries} "
-        f"re-sent, {result.publish.reconnects} new connections, errors {result.publish.errors}",
-        f"operators' commands  {result.publish.aborts} aborts (during the chaos), "
-        f"{result.publish.resumes} resumes (after it)",
-        f"recovery at work     {_handling(v.handling)}",
-        f"process exits        {len(result.process_exits)} not caused by the harness",
-        "graceful stop        "
-        + (f"NOT within 15s after SIGTERM: {graceful}" if graceful else "all exited on SIGTERM"),
-    ]
-    lines += _violation_lines(v)
-    lines += _exit_lines(result.process_exits)
-    if v.notes:
-        lines.append(f"notes ({len(v.notes)}, allowed by design):")
-        lines += [f"  {n}" for n in v.notes[:10]]
-    lines.append("=" * 78)
-    return "\n".join(lines)
-
-
-def _fail_over(result: ChaosResult) -> str:
-    promote_s = result.promote_s
-    return "" if promote_s is None else f", and a fail-over (standby promoted in {promote_s:.1f}s)"
-
-
-def _handling(counts: dict[str, int]) -> str:
-    return ", ".join(f"{k.replace('_', ' ')} {n}" for k, n in counts.items()) or "-"
-
-
-def _violation_lines(verdict: Verdict) -> list[str]:
-    if not verdict.violations:
-        return []
-    by_rule = Counter(x.rule for x in verdict.violations)
-    lines = [f"violations by rule   {dict(sorted(by_rule.items()))}", "first violations:"]
-    lines += [f"  {x}" for x in verdict.violations[:15]]
-    return lines
-
-
-def _exit_lines(exits: list[ProcessExit]) -> list[str]:
-    lines = []
-    for e in exits[:5]:
-        last = e.log_tail.strip().splitlines()[-1:] or ["(no output)"]
-        lines.append(
-            f"  exit: {e.name} code {e.returncode} at {e.at:.1f}s after {e.uptime_s:.1f}s up:"
-            f" {last[0][:200]}"
-        )
-    return lines
-
-
-# --- a kept run, checked again ---------------------------------------------------------------
-
-
 async def reverify(workdir: Path, say: Say = _say) -> Verdict:
     """Run the checks again on a kept run (its load.json and saga.dump, restored into a
     disposable Postgres): to try a corrected check, or a fix of the checker, on real evidence."""
@@ -635,74 +560,8 @@ async def reverify(workdir: Path, say: Say = _say) -> Verdict:
         f"{workdir}: {len(load.sagas)} sagas; terminal states {terminal}; lost {verdict.lost}; "
         f"duplicated effects {verdict.duplicated_effects}; dead letters {verdict.dead_letters}"
     )
-    say("\n".join(_violation_lines(verdict)) or "rule violations 0")
+    say("\n".join(violation_lines(verdict)) or "rule violations 0")
     return verdict
 
 
 # --- command line --------------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m tests.chaos",
-        description="Sagas with injected faults on a disposable broker and database while every "
-        "process is killed at random; then every rule of design.md section 4 is checked.",
-    )
-    parser.add_argument("--sagas", type=int, default=1000)
-    parser.add_argument("--seed", type=int)
-    parser.add_argument("--rate", type=float, default=25.0, help="sagas published per second")
-    parser.add_argument(
-        "--kill-every", type=float, default=3.0, help="mean seconds between kills; 0: none"
-    )
-    each = "default: one per two minutes of load, at least 1"
-    parser.add_argument("--broker-restarts", type=int, help=each)
-    parser.add_argument("--db-restarts", type=int, help=each)
-    down = "seconds down (between half this and this)"
-    parser.add_argument("--broker-down", type=float, default=3.0, help=down)
-    parser.add_argument("--db-down", type=float, default=3.0, help=down)
-    parser.add_argument("--settle-timeout", type=float, default=300.0)
-    parser.add_argument(
-        "--freeze", type=float, default=40.0, help="seconds one adapter hangs (SIGSTOP); 0: none"
-    )
-    parser.add_argument("--no-faults", action="store_true")
-    parser.add_argument(
-        "--cluster", action="store_true",
-        help="three RabbitMQ nodes (a broker crash kills the leader of most partitions) and a "
-        "Postgres primary with a synchronous standby (the first database crash fails over)",
-    )  # fmt: skip
-    parser.add_argument("--workdir", type=Path)
-    parser.add_argument("--reverify", type=Path, metavar="RUN_DIR", help="check a kept run again")
-    return parser
-
-
-def config_from(args: argparse.Namespace) -> ChaosConfig:
-    window = args.sagas / args.rate
-    per_window = max(1, round(window / 120))  # one of each per two minutes of load
-    return ChaosConfig(
-        sagas=args.sagas,
-        seed=args.seed,
-        rate=args.rate,
-        kill_every_s=args.kill_every or None,
-        broker_restarts=args.broker_restarts if args.broker_restarts is not None else per_window,
-        db_restarts=args.db_restarts if args.db_restarts is not None else per_window,
-        broker_down_s=args.broker_down,
-        db_down_s=args.db_down,
-        settle_timeout_s=args.settle_timeout,
-        freeze_s=args.freeze,
-        with_faults=not args.no_faults,
-        workdir=args.workdir,
-        cluster=args.cluster,
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Exit 0 when every rule held, 1 on any violation."""
-    args = _parser().parse_args(argv)
-    if args.reverify is not None:
-        return 0 if asyncio.run(reverify(args.reverify)).ok else 1
-    result = asyncio.run(run_chaos(config_from(args)))
-    return 0 if result.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
