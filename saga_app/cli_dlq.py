@@ -126,21 +126,28 @@ def _render(found: dict[str, Any]) -> str:
 @dlq.command("replay")
 @click.argument("dead_letter_id", type=int, required=False)
 @click.option("--order", "order_id", help="Every dead letter of this order, in order")
+@click.option("--reason", "death_reason", help="Every dead letter that died for this reason")
 @click.option("--all", "replay_all", is_flag=True, help="Every dead letter, per order in order")
 @click.option("--note", default="", help="Why, for the audit trail")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def dlq_replay(ctx: click.Context, dead_letter_id: int | None, order_id: str | None,
-               replay_all: bool, note: str, as_json: bool) -> None:  # fmt: skip
+               death_reason: str | None, replay_all: bool, note: str,
+               as_json: bool) -> None:  # fmt: skip
     """Republish through the outbox to where the message was first headed. Idempotent. Sent to
     the running coordinator as the account the CLI connects as, which the audit trail names."""
-    if sum([dead_letter_id is not None, order_id is not None, replay_all]) != 1:
-        raise click.UsageError("give one of ID, --order ID or --all")
+    targets = [dead_letter_id is not None, order_id is not None, death_reason is not None]
+    if sum(targets) + replay_all != 1:
+        raise click.UsageError("give one of ID, --order ID, --reason REASON or --all")
 
     async def work() -> DeskReply:
         async with cli_bus(settings_of(ctx)) as bus, SagaClient(bus) as client:
             return await client.replay_dead_letters(
-                dead_letter_id=dead_letter_id, order_id=order_id, every=replay_all, note=note
+                dead_letter_id=dead_letter_id,
+                order_id=order_id,
+                death_reason=death_reason,
+                every=replay_all,
+                note=note,
             )
 
     _report(run_async(work()), as_json)

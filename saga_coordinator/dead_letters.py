@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import aio_pika
-import aiormq
-import pamqp.commands
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import TypeAdapter
 
@@ -104,17 +102,6 @@ def jsonable_headers(headers: dict[str, Any]) -> str:
         return clean(str(value), 200)
 
     return json.dumps(convert(headers, 0))
-
-
-def is_unroutable(error: BaseException) -> bool:
-    """Whether a publish can never succeed: no such exchange, or no queue took it (returned).
-    A nack is not that: the broker refused for now (a queue without a quorum of its nodes, or
-    full), and the same publish may well succeed later."""
-    if isinstance(error, aiormq.exceptions.ChannelNotFoundEntity):
-        return True
-    return isinstance(error, aiormq.exceptions.DeliveryError) and isinstance(
-        error.frame, pamqp.commands.Basic.Return
-    )
 
 
 @dataclass(frozen=True)

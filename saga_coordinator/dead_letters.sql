@@ -68,6 +68,7 @@ ORDER BY id LIMIT $5;
 -- In each order's arrival order, which is its publish order, whichever ingester stored them.
 SELECT id FROM dead_letters
 WHERE status = 'dead' AND ($1::text IS NULL OR order_id = $1)
+  AND ($2::text IS NULL OR reason = $2)
 ORDER BY order_id NULLS LAST, arrival NULLS LAST, id;
 
 -- name: failure_get

@@ -99,7 +99,7 @@ class DeadLetterDesk:
                 if command.dead_letter_id is not None:
                     ids = [command.dead_letter_id]
                 else:
-                    ids = await self.ids(None if command.all else command.order_id)
+                    ids = await self.ids(command.order_id, command.death_reason)
                 results = [await self.replay(i, actor, command.note, role) for i in ids]
             else:
                 results = [await self.discard(command.dead_letter_id, actor, command.reason, role)]
@@ -194,8 +194,11 @@ class DeadLetterDesk:
         return row
 
     # --- reads ----------------------------------------------------------------------------------
-    async def ids(self, order_id: str | None) -> list[int]:
-        return [r["id"] for r in await self.store.pool.fetch(Q.dl_ids_dead, order_id)]
+    async def ids(self, order_id: str | None, reason: str | None = None) -> list[int]:
+        """The dead letters to replay (all, or an order's, or those of one reason), each
+        order's in its arrival order."""
+        rows = await self.store.pool.fetch(Q.dl_ids_dead, order_id, reason)
+        return [r["id"] for r in rows]
 
     async def list(
         self,

@@ -18,9 +18,9 @@ import asyncpg
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS as AMQP_AWAY
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from saga_coordinator.dead_letters import bury_unroutable, is_unroutable
+from saga_coordinator.dead_letters import bury_unroutable
 from saga_coordinator.store import RELAY_LOCK, Conn, Q, Tx
-from shared.bus import Bus
+from shared.bus import Bus, refused_for_now, unroutable
 from shared.codec import to_amqp
 from shared.config import Settings
 from shared.crashpoints import crash_point
@@ -87,13 +87,16 @@ class Relay:
 
     async def _publish_alone(self, conn: Conn, row: asyncpg.Record) -> bool:
         """Whether the row is settled: published, or buried as a dead letter because it can
-        never be routed. A row the broker refused for now stays for the next round."""
+        never be routed. A row the broker refused for now (nacked) stays for the next round;
+        any other error (the broker away) goes up, to the relay's retry with backoff."""
         try:
             await self.bus.publish_raw(row["exchange"], row["routing_key"], _message(row))
         except Exception as exc:
-            if not is_unroutable(exc):
-                log.warning("outbox row %s not taken by the broker, kept: %r", row["id"], exc)
+            if refused_for_now(exc):
+                log.warning("outbox row %s refused by the broker for now, kept: %s", row["id"], exc)
                 return False
+            if not unroutable(exc):
+                raise
             log.error("outbox row %s cannot be routed: %s", row["id"], exc)
             await bury_unroutable(Tx(conn), row, exc)
         return True

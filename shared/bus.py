@@ -41,6 +41,23 @@ from shared.topology import Topology
 log = logging.getLogger(__name__)
 
 
+def refused_for_now(error: BaseException) -> bool:
+    """A nack: the broker took the publish and refused it for now (a quorum queue without a
+    majority of its nodes, or full); the same publish may well succeed later."""
+    return isinstance(error, aiormq.exceptions.DeliveryError) and isinstance(
+        error.frame, pamqp.commands.Basic.Nack
+    )
+
+
+def unroutable(error: BaseException) -> bool:
+    """A publish that can never succeed: no such exchange, or no queue took it (returned)."""
+    if isinstance(error, aiormq.exceptions.ChannelNotFoundEntity):
+        return True
+    return isinstance(error, aiormq.exceptions.DeliveryError) and isinstance(
+        error.frame, pamqp.commands.Basic.Return
+    )
+
+
 class Bus:
     """``user``: connect as this broker user (its password from the secrets directory); by
     default, as ``SAGA_AMQP_URL`` says. Every publish carries the user as ``user_id``, which the
@@ -141,11 +158,7 @@ class Bus:
         later publish of that channel to a quorum queue that was without a majority for a
         while, even once the queue is back (seen in tests/integration/test_cluster.py; a
         new channel publishes at once): so the next publish goes on a new channel."""
-        nacked = any(
-            isinstance(e, aiormq.exceptions.DeliveryError)
-            and isinstance(e.frame, pamqp.commands.Basic.Nack)
-            for e in errors
-        )
+        nacked = any(e is not None and refused_for_now(e) for e in errors)
         if not nacked or channel is None or channel is not self._publisher:
             return  # not a nack, or another publish replaced the channel already
         log.warning("the broker nacked a publish: publishing on a new channel")

@@ -166,13 +166,15 @@ class SagaClient:
         *,
         dead_letter_id: int | None = None,
         order_id: str | None = None,
+        death_reason: str | None = None,
         every: bool = False,
         note: str = "",
     ) -> DeskReply:
-        """Republish dead letters (one, an order's in its publish order, or all)."""
+        """Republish dead letters (one, an order's in its publish order, those that died for
+        ``death_reason``, or all)."""
         command = ReplayDeadLetters(
-            dead_letter_id=dead_letter_id, order_id=order_id, all=every, note=note,
-            reply_to=self._reply_to(),
+            dead_letter_id=dead_letter_id, order_id=order_id, death_reason=death_reason,
+            all=every, note=note, reply_to=self._reply_to(),
         )  # fmt: skip
         return await self._send_desk(command)
 

@@ -102,7 +102,9 @@ def configure(level: str, fmt: str = "text") -> None:
     if fmt not in ("text", "json"):
         raise ValueError(f"SAGA_LOG_FORMAT {fmt!r}: use text or json")
     logging.basicConfig(level=level.upper(), format=FORMAT)
-    logging.getLogger("asyncpg.pool").addFilter(OneLine())
+    pool_log = logging.getLogger("asyncpg.pool")
+    if not any(isinstance(f, OneLine) for f in pool_log.filters):
+        pool_log.addFilter(OneLine())
     limit = RateLimit()
     for handler in logging.getLogger().handlers:
         handler.addFilter(limit)

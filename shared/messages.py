@@ -32,6 +32,8 @@ Count = Annotated[int, Field(ge=1, le=10_000)]
 # Why, for the register: a person's words, never blank.
 Reason = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=2000)]
 Note = Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)]
+# Why a message died, as the dead letters record it (delivery_limit, rejected, forged, ...).
+DeathReason = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_-]*$")]
 
 
 def _now() -> datetime:
@@ -181,19 +183,23 @@ class _DeskCommand(BaseModel):
 
 
 class ReplayDeadLetters(_DeskCommand):
-    """Republish dead letters to where they were first headed: one, an order's, or all."""
+    """Republish dead letters to where they were first headed: one, an order's, those that
+    died for one reason (``delivery_limit``...), or all; each order's in its publish order."""
 
     type: Literal["dlq.replay"] = "dlq.replay"
     dead_letter_id: int | None = Field(default=None, ge=1, le=2**62)
     order_id: Identifier | None = None
+    death_reason: DeathReason | None = None
     all: bool = False
     note: Note = ""
 
     @model_validator(mode="after")
     def _one_target(self) -> ReplayDeadLetters:
-        given = (self.dead_letter_id is not None) + (self.order_id is not None) + self.all
-        if given != 1:
-            raise ValueError("give exactly one of 'dead_letter_id', 'order_id' or 'all'")
+        targets = (self.dead_letter_id, self.order_id, self.death_reason)
+        if sum(t is not None for t in targets) + self.all != 1:
+            raise ValueError(
+                "give exactly one of 'dead_letter_id', 'order_id', 'death_reason' or 'all'"
+            )
         return self
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from shared.client import CommandRejected, DeskRefused, SagaClient
+from shared.codec import describe
 from shared.messages import DeskReply
 
 # name: (the form field it needs, whether it may be blank, whether to ask first)
@@ -58,23 +61,26 @@ async def decide(
 async def replay(
     client: SagaClient,
     person: str,
-    ids: list[int] | None = None,
+    *,
+    dead_letter_id: int | None = None,
     order_id: str | None = None,
+    death_reason: str | None = None,
     note: str = "",
 ) -> Done:
-    """One letter, a list of them (a group, in order), or an order's."""
-    me = client.on_behalf_of(person)
-    replies: list[DeskReply] = []
+    """One letter, an order's, or those that died for one reason: one desk command, which
+    replays each order's in its arrival order."""
     try:
-        if order_id is not None:
-            replies.append(await me.replay_dead_letters(order_id=order_id, note=note))
-        for dl_id in ids or []:
-            replies.append(await me.replay_dead_letters(dead_letter_id=dl_id, note=note))
+        reply = await client.on_behalf_of(person).replay_dead_letters(
+            dead_letter_id=dead_letter_id, order_id=order_id, death_reason=death_reason,
+            note=note,
+        )  # fmt: skip
+    except ValidationError as exc:
+        raise ActionRefused(f"not a replay this console can send: {describe(exc)}") from None
     except (CommandRejected, DeskRefused) as exc:
         raise ActionRefused(f"refused: {exc}") from None
     except TimeoutError:
         raise ActionRefused("no answer from the coordinator: is it running?") from None
-    return Done(_summary(replies, "replayed"))
+    return Done(_summary([reply], "replayed"))
 
 
 async def discard(client: SagaClient, person: str, dl_id: int, reason: str) -> Done:

@@ -57,11 +57,20 @@ Page = Callable[[Console, Request, Account], Awaitable[Response]]
 Action = Callable[[Console, Request, Account, Any], Awaitable[Response]]
 
 
-async def _form(request: Request) -> Any:
-    size = request.headers.get("content-length")
-    if size is None or not size.isdigit() or int(size) > _MAX_FORM_BYTES:
-        raise CsrfFailed("a form without a length, or larger than 64 KiB")
-    return await request.form(max_files=0, max_fields=50)
+async def _checked_form(request: Request, account: Account | None) -> Any:
+    """The form, if it is small and carries this session's token from this console's origin;
+    otherwise the page that refuses it (403)."""
+    try:
+        size = request.headers.get("content-length")
+        if size is None or not size.isdigit() or int(size) > _MAX_FORM_BYTES:
+            raise CsrfFailed("a form without a length, or larger than 64 KiB")
+        form = await request.form(max_files=0, max_fields=50)
+        check_csrf(request, form)
+    except CsrfFailed as exc:
+        return render(
+            request, "error.html", account, status=403, title="Form refused", message=str(exc)
+        )
+    return form
 
 
 def _page(console: Console, handler: Page) -> Callable[[Request], Awaitable[Response]]:
@@ -81,13 +90,9 @@ def _action(console: Console, handler: Action) -> Callable[[Request], Awaitable[
         account = current(request, console.accounts)
         if account is None:
             return sign_in_redirect(request)
-        try:
-            form = await _form(request)
-            check_csrf(request, form)
-        except CsrfFailed as exc:
-            return render(
-                request, "error.html", account, status=403, title="Form refused", message=str(exc)
-            )
+        form = await _checked_form(request, account)
+        if isinstance(form, Response):
+            return form
         if not account.may_act:
             log.warning("console: %s (%s) tried %s", account.name, account.role, request.url.path)
             return render(
@@ -109,13 +114,9 @@ def _public_form(
     console: Console, handler: Callable[[Console, Request, Any], Awaitable[Response]]
 ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
-        try:
-            form = await _form(request)
-            check_csrf(request, form)
-        except CsrfFailed as exc:
-            return render(
-                request, "error.html", None, status=403, title="Form refused", message=str(exc)
-            )
+        form = await _checked_form(request, None)
+        if isinstance(form, Response):
+            return form
         return await handler(console, request, form)
 
     return endpoint

@@ -125,16 +125,18 @@ def _consequence(decision: str) -> str:
 
 async def replay(console: Console, request: Request, account: Account, form: Any) -> Response:
     note = str(form.get("note", ""))[:2000]
-    dl_id, order, reason = form.get("id"), form.get("order"), form.get("reason")
+    dl_id, order, reason = (str(form.get(k, "")) for k in ("id", "order", "reason"))
     try:
         if dl_id:
-            number = letter_number(str(dl_id))
+            number = letter_number(dl_id)
             if number is None:
                 raise actions.ActionRefused("not a dead letter number")
-            done = await actions.replay(_client(console), account.name, ids=[number], note=note)
+            done = await actions.replay(
+                _client(console), account.name, dead_letter_id=number, note=note
+            )
         elif order or reason:
-            what = f"order {order}" if order else f"reason {reason}"
             if not _confirmed(form):
+                what = f"order {order}" if order else f"reason {reason}"
                 return _confirm(
                     request,
                     account,
@@ -143,16 +145,10 @@ async def replay(console: Console, request: Request, account: Account, form: Any
                     "Each is republished to where it was first headed, in its "
                     "order's arrival order.",
                 )
-            if (order and not well_formed(str(order))) or not str(reason or "").isprintable():
-                raise actions.ActionRefused("not an order ID or a reason of this console")
-            ids = None if order else await console.reads.ids_for_reason(str(reason)[:200])
             done = await actions.replay(
-                _client(console),
-                account.name,
-                ids=ids,
-                order_id=str(order)[:128] if order else None,
-                note=note,
-            )
+                _client(console), account.name, order_id=order or None,
+                death_reason=None if order else reason, note=note,
+            )  # fmt: skip
         else:
             raise actions.ActionRefused("say which dead letters to replay")
         flash(request, done.message)

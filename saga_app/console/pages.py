@@ -26,6 +26,7 @@ from saga_coordinator.desk import DeadLetterNotFound
 if TYPE_CHECKING:
     from saga_app.console.app import Console
 
+LETTER_STATUSES = ("dead", "replayed", "discarded")
 # Which decisions a saga in each status can take, in the order the buttons show.
 AVAILABLE: dict[str, tuple[str, ...]] = {
     "running": ("abort",),
@@ -117,12 +118,12 @@ async def people(console: Console, request: Request, account: Account) -> Respon
 async def dead_letters(console: Console, request: Request, account: Account) -> Response:
     query = _query(request)
     status = query.get("status") or "dead"
-    if status not in ("dead", "replayed", "discarded"):
-        status = "dead"
     try:
+        if status not in LETTER_STATUSES:
+            raise BadFilter(f"status: one of {', '.join(LETTER_STATUSES)}")
         order, reason, error = id_filter(query, "order"), text_filter(query, "reason"), ""
     except BadFilter as exc:
-        order, reason, error = None, None, str(exc)
+        status, order, reason, error = "dead", None, None, str(exc)
     rows = [] if error else await console.reads.dead_letters(order, reason, status)
     groups = await console.reads.dead_letter_groups()
     template = "_dead_letters.html" if query.get("fragment") == "1" else "dead_letters.html"
@@ -132,6 +133,7 @@ async def dead_letters(console: Console, request: Request, account: Account) -> 
         account,
         rows=rows,
         status_shown=status,
+        statuses=LETTER_STATUSES,
         query=query,
         error=error,
         status=400 if error else 200,

@@ -183,8 +183,5 @@ class ConsoleReads:
         found["headers"] = json.dumps(found["headers"], indent=2, ensure_ascii=True, default=str)
         return found
 
-    async def ids_for_reason(self, reason: str) -> list[int]:
-        return [r["id"] for r in await self.pool.fetch(Q.dead_ids_by_reason, reason)]
-
     async def rejections(self, order_id: str | None) -> list[dict[str, Any]]:
         return await self.store.rejections(order_id, 200)

@@ -38,9 +38,3 @@ SELECT coalesce(order_id, '') AS order_id, count(*) AS n, bool_or(blocks_order) 
 FROM dead_letters d WHERE status = 'dead'
 GROUP BY d.order_id ORDER BY min(created_at), order_id
 LIMIT $1;
-
--- name: dead_ids_by_reason
--- Each order's in its arrival order, as `saga dlq replay --order` replays them.
-SELECT id FROM dead_letters
-WHERE status = 'dead' AND reason = $1
-ORDER BY order_id NULLS LAST, arrival NULLS LAST, id;

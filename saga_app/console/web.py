@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -119,11 +118,9 @@ def flash(request: Request, text: str, kind: str = "ok") -> None:
 def render(
     request: Request, template: str, account: Account | None, status: int = 200, **values: Any
 ) -> HTMLResponse:
-    shown = request.session.pop("flash", None)
+    # A list reloaded live is not where the person looks for the outcome of their action.
+    shown = None if template.startswith("_") else request.session.pop("flash", None)
     html = TEMPLATES.get_template(template).render(
         account=account, csrf=csrf_token(request), flash=shown, path=request.url.path, **values
     )
     return HTMLResponse(html, status_code=status)
-
-
-Handler = Callable[[Request, Account], Awaitable[Response]]

@@ -13,8 +13,6 @@ import asyncio
 import json
 from collections import Counter
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 import asyncpg
 
@@ -24,11 +22,12 @@ from tests.chaos.instances import (
     DisposableRabbit,
     InstanceError,
     _as_user,
+    _Instance,
     _run_checked,
 )
 
 
-class RabbitCluster:
+class RabbitCluster(_Instance):
     def __init__(self, size: int = 3) -> None:
         self.nodes = [DisposableRabbit() for _ in range(size)]
 
@@ -36,19 +35,6 @@ class RabbitCluster:
         """Every node, as ``shared.addresses`` reads it."""
         hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
         return f"amqp://guest:guest@{hosts}/{vhost}"
-
-    async def __aenter__(self) -> Self:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     async def _form(self) -> None:
         await asyncio.gather(*(n.start() for n in self.nodes))
@@ -145,7 +131,7 @@ class _Standby(DisposablePostgres):
         await _run_checked(self._pg_ctl("-w", "-t", "60", "promote"), cwd=self.dir)
 
 
-class ReplicatedPostgres:
+class ReplicatedPostgres(_Instance):
     """A primary that commits only once its standby has the WAL (synchronous replication),
     and that standby, streaming."""
 
@@ -160,14 +146,6 @@ class ReplicatedPostgres:
         hosts = f"127.0.0.1:{self.primary.port},127.0.0.1:{self.standby.port}"
         return f"postgresql://postgres@{hosts}/{dbname}?target_session_attrs=read-write"
 
-    async def __aenter__(self) -> Self:
-        try:
-            await self.start()
-        except BaseException:
-            await self.close()
-            raise
-        return self
-
     async def start(self) -> None:
         """Both at first; after a fail-over, the promoted standby (the old primary stays down:
         re-attaching it as a standby is an operator's job, or a fail-over manager's)."""
@@ -177,11 +155,6 @@ class ReplicatedPostgres:
         await self.primary.start()
         await self.standby.start()
         await self.wait_synchronous()
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
 
     async def wait_synchronous(self, limit_s: float = 30.0) -> None:
         conn = await asyncpg.connect(self.primary.url())

@@ -13,7 +13,8 @@ import pytest
 from saga_app.stack import Stack
 from shared.client import SagaClient
 from tests.integration.console_kit import accounts_file, console_http, sign_in, token
-from tests.integration.helpers import eventually, terminal
+from tests.integration.helpers import eventually, publish_start, terminal
+from tests.integration.sabotage import Sabotage
 from tests.integration.test_gates_and_abort import CHECKOUT
 
 PAGES = [
@@ -220,3 +221,24 @@ async def test_pages_list_what_the_database_holds(
     for name in ("content-security-policy", "x-frame-options", "x-content-type-options"):
         assert name in answer.headers
     await eventually(lambda: http.get("/people?fragment=1"), lambda r: saga_id in r.text)
+
+
+async def test_a_reason_group_is_replayed_after_confirmation(
+    stack: Stack, http: httpx.AsyncClient, client: SagaClient, sabotage: Sabotage, order_id: str
+) -> None:
+    saga_id = f"group-{order_id}"
+    sabotage.always(saga_id)
+    await publish_start(client.bus, order_id, saga_id)
+    await eventually(lambda: stack.store.blocks(order_id), lambda rows: len(rows) == 1)
+    sabotage.stop(saga_id)
+    await sign_in(http, "ana")
+    form = {"reason": "delivery_limit", "csrf": await token(http, "/dead-letters")}
+    asked = await http.post("/dead-letters/replay", data=form)
+    assert "Replay every dead letter of reason delivery_limit?" in asked.text
+    bad = await http.post(
+        "/dead-letters/replay", data={**form, "reason": "x\x00y", "confirmed": "yes"}
+    )
+    assert "not a replay this console can send" in (await http.get(bad.headers["location"])).text
+    await http.post("/dead-letters/replay", data={**form, "confirmed": "yes"})
+    assert (await terminal(stack, saga_id)).status == "completed"
+    assert await stack.store.blocks(order_id) == []

@@ -19,6 +19,7 @@ from saga_coordinator.store import Tx
 from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
+from shared.messages import ReplayDeadLetters, Sender
 from tests.integration.helpers import (
     REFUND,
     eventually,
@@ -417,3 +418,23 @@ async def test_a_command_sent_straight_to_its_partition_that_keeps_failing_is_re
     assert (a.status, b.status) == ("completed", "completed")
     assert ran_one_after_another(a, b)
     assert order_id not in [r["order_id"] for r in await stack.store.blocked_orders()]
+
+
+async def test_replay_by_reason_takes_that_reasons_letters_and_no_other(
+    stack: Stack, bus: Bus, pool: asyncpg.Pool, sabotage: Sabotage, order_id: str
+) -> None:
+    sabotage.always("s-r1")
+    await publish_start(bus, order_id, "s-r1")
+    [dead] = await wait_dead(pool, order_id)
+    await poison(bus, f"{order_id}-p", b"{not json", f"m-garbage-{order_id}")
+    [garbage] = await wait_dead(pool, f"{order_id}-p")
+    assert dead["reason"] != garbage["reason"]
+    sabotage.stop("s-r1")
+
+    command = ReplayDeadLetters(death_reason=dead["reason"], sender=Sender(user="ops", role="ops"))
+    reply = await desk_of(stack).perform(command)
+
+    assert reply.type == "desk.done"
+    assert (await terminal(stack, "s-r1")).status == "completed"
+    [after] = await dead_letters(pool, f"{order_id}-p")
+    assert after["status"] == "dead"  # another reason: not replayed
