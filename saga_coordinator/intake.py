@@ -7,7 +7,6 @@ same gatekeeper, numbered in its order's arrival order and forwarded to the part
 from __future__ import annotations
 
 from aio_pika.abc import AbstractIncomingMessage
-from opentelemetry.context import Context
 
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.gatekeeper import Gatekeeper, stamped
@@ -15,9 +14,11 @@ from saga_coordinator.store import Store
 from shared import tracing
 from shared.bus import Bus
 from shared.catalog import Catalog
+from shared.codec import message_to_amqp
 from shared.config import Settings
 from shared.failures import failure_recorder
 from shared.messages import AnyCommand, DeskCommand, QuerySaga
+from shared.patience import publish_in_hand
 
 
 class Intake:
@@ -45,20 +46,25 @@ class Intake:
             assert self.desk is not None, "desk commands need the desk"
             await self.gate.publish_reply(command.reply_to, await self.desk.perform(command))
         else:
-            await self._forward(command, tracing.extract(delivery.headers))
+            await self._forward(command, delivery)
 
-    async def _forward(self, command: AnyCommand, context: Context | None = None) -> None:
+    async def _forward(self, command: AnyCommand, delivery: AbstractIncomingMessage) -> None:
         """Numbered first, so a command that fails later keeps its place in its order; then sent
         to the partition under the gatekeeper's id for it (a re-sent or redelivered command gets
         the same id and number, and the inbox absorbs it)."""
-        forwarded = stamped(command)
+        forwarded, t = stamped(command), self.bus.topology
         seq = await self.store.assign_seq(forwarded.message_id, command.order_id)
         with tracing.TRACER.start_as_current_span(
-            f"intake {command.type}", context=context, kind=tracing.SpanKind.CONSUMER,
+            f"intake {command.type}", context=tracing.extract(delivery.headers),
+            kind=tracing.SpanKind.CONSUMER,
             attributes=tracing.attributes(command.saga_id, command.order_id),
         ):  # fmt: skip
-            headers = tracing.headers_of()
-            await self.bus.to_partition(forwarded.model_copy(update={"seq": seq}), headers)
+            numbered = forwarded.model_copy(update={"seq": seq})
+            item = (t.partitions_exchange, t.partition_key(command.order_id),
+                    message_to_amqp(numbered, tracing.headers_of()))  # fmt: skip
+            [error] = await publish_in_hand(self.bus, [item], [delivery])
+            if error is not None:
+                raise error
 
     async def run(self) -> None:
         queue = self.bus.topology.intake_queue

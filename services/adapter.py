@@ -19,7 +19,6 @@ from typing import Any
 
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
-from aio_pika.exceptions import AMQPError
 from opentelemetry import trace
 from pydantic import TypeAdapter
 from tenacity import (
@@ -47,6 +46,7 @@ from shared.errors import RetryLater
 from shared.failures import failure_recorder
 from shared.identity import Directory
 from shared.messages import ActionDone, ActionFailed, ActionRequest
+from shared.patience import publish_in_hand
 from shared.sql import TRANSIENT_DB_ERRORS, is_transient
 
 log = logging.getLogger(__name__)
@@ -134,12 +134,10 @@ class Adapter:
         with trace.use_span(self._span(req, message), end_on_exit=True):
             outcome = await self.perform(req, tried, landed)
             crash_point("adapter.before_publish")
-            assert self.bus is not None
-            try:
-                await self.bus.to_partition(outcome, tracing.headers_of())
-            except (AMQPError, ConnectionError, TimeoutError) as exc:
+            [error] = await self._publish_outcomes([(req, outcome, None)], [message])
+            if error is not None:
                 # Not confirmed: requeue the request; its stored outcome is published next time.
-                raise _unconfirmed(req, exc) from exc
+                raise _unconfirmed(req, error) from error
         _report(req, outcome, started)
 
     async def handle_batch(self, messages: Sequence[AbstractIncomingMessage]) -> list[BatchVerdict]:
@@ -176,7 +174,9 @@ class Adapter:
         crash_point("adapter.before_publish")
         spans = [self._span(req, messages[i], began) for i, req, _ in reports]
         pairs = zip(reports, spans, strict=True)
-        sent = await self._publish_outcomes([(req, out, span) for (_, req, out), span in pairs])
+        sent = await self._publish_outcomes(
+            [(req, out, span) for (_, req, out), span in pairs], messages
+        )
         for (i, req, outcome), error, span in zip(reports, sent, spans, strict=True):
             verdicts[i] = None if error is None else _unconfirmed(req, error)
             span.end()
@@ -185,18 +185,20 @@ class Adapter:
         return verdicts
 
     async def _publish_outcomes(
-        self, outcomes: list[tuple[ActionRequest, ActionDone | ActionFailed, tracing.Span]]
+        self,
+        outcomes: list[tuple[ActionRequest, ActionDone | ActionFailed, tracing.Span | None]],
+        deliveries: Sequence[AbstractIncomingMessage],
     ) -> list[BaseException | None]:
-        """One confirm round for the outcomes, each carrying its request's span."""
+        """One confirm round for the outcomes, each carrying its request's span (``None``: the
+        current one); an outcome the broker cannot take for now keeps its request in hand."""
         assert self.bus is not None
         t = self.bus.topology
-        return await self.bus.publish_many(
-            [
-                (t.partitions_exchange, t.partition_key(req.order_id),
-                 message_to_amqp(out, tracing.headers_of(span)))
-                for req, out, span in outcomes
-            ]
-        )  # fmt: skip
+        items = [
+            (t.partitions_exchange, t.partition_key(req.order_id),
+             message_to_amqp(out, tracing.headers_of(span)))
+            for req, out, span in outcomes
+        ]  # fmt: skip
+        return await publish_in_hand(self.bus, items, deliveries)
 
     def _span(
         self, req: ActionRequest, message: AbstractIncomingMessage, began: int | None = None

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
+import subprocess
 from collections.abc import AsyncIterator
 
 import aio_pika
+import aiormq
 import asyncpg
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
@@ -16,7 +20,7 @@ from services.adapter import Adapter
 from services.effects import effects_for_order
 from services.faults import add_fault
 from services.store import Q
-from shared.bus import Bus
+from shared.bus import Bus, refused_for_now
 from shared.catalog import Catalog
 from shared.codec import PARTITION
 from shared.config import Settings
@@ -206,3 +210,72 @@ async def test_malformed_request_is_dead_lettered(
     async with partition_reader(bus, order_id) as received:
         await bus.publish(bus.topology.actions_exchange, "inventory", reserve_request(order_id))
         assert isinstance(await asyncio.wait_for(received.get(), 15), ActionDone)
+
+
+@contextlib.asynccontextmanager
+async def refusing(bus: Bus, order_id: str) -> AsyncIterator[None]:
+    """The broker nacks every publish to the order's partition while this lasts, which is how
+    a quorum queue without a majority of its nodes answers: a policy of length 1 with the
+    queues' reject-publish overflow, and ``filler`` messages until the broker refuses one (the
+    policy takes a moment to apply)."""
+    queue = bus.topology.partition_queue(partition_of(order_id, bus.topology.partitions))
+    pattern = f"^{re.escape(queue)}$"
+    name = f"refuse-{queue}"
+    definition = json.dumps({"max-length": 1})
+    ctl = ("rabbitmqctl", "-q", "set_policy", "--apply-to", "queues", name, pattern, definition)
+    await asyncio.to_thread(subprocess.run, ctl, check=True, capture_output=True, timeout=60)
+    try:
+        for _ in range(100):
+            try:
+                await bus.to_partition(filler(order_id))
+            except aiormq.exceptions.DeliveryError as exc:
+                if not refused_for_now(exc):
+                    raise
+                break
+            await asyncio.sleep(0.05)
+        yield
+    finally:
+        clear = ("rabbitmqctl", "-q", "clear_policy", name)
+        await asyncio.to_thread(subprocess.run, clear, check=True, capture_output=True, timeout=60)
+
+
+def filler(order_id: str) -> ActionDone:
+    return ActionDone(saga_id="filler", order_id=order_id, action=RESERVE, phase="forward",
+                      step=0, idempotency_key="filler", result={})  # fmt: skip
+
+
+async def test_an_outcome_the_broker_refuses_for_a_while_keeps_its_request_in_hand(
+    settings: Settings, catalog: Catalog, bus: Bus, pool: asyncpg.Pool, order_id: str
+) -> None:
+    """Requeueing the request at each refusal would burn all its delivery attempts in well
+    under a second; held in hand, it outlives a refusal of several seconds and its outcome is
+    published once the queue takes it."""
+    adapter = Adapter("inventory", settings, catalog, bus, pool)
+    req = reserve_request(order_id)
+    task = asyncio.create_task(adapter.run())
+    try:
+        async with refusing(bus, order_id):
+            await bus.publish(bus.topology.actions_exchange, "inventory", req)
+            for _ in range(100):  # until the call has landed and its outcome was refused
+                if (await effects_for_order(pool, order_id))["applied"]:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(3)
+        async with partition_reader(bus, order_id) as received:
+            outcome = await asyncio.wait_for(received.get(), 15)
+            while outcome.saga_id == "filler":
+                outcome = await asyncio.wait_for(received.get(), 15)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    assert isinstance(outcome, ActionDone)
+    assert outcome.idempotency_key == req.idempotency_key
+    assert [e["times"] for e in (await effects_for_order(pool, order_id))["applied"]] == [1]
+    channel = await bus.connection.channel()
+    try:
+        dead = await channel.get_queue(bus.topology.dead_letter_queue, ensure=False)
+        assert await dead.get(fail=False, no_ack=True) is None
+    finally:
+        await channel.close()

@@ -23,6 +23,8 @@ from tests.integration.helpers import REFUND
 
 pytestmark = pytest.mark.timeout(600)
 TERMINAL = ("completed", "compensated", "needs_human", "resolved")
+STORY_TABLES = ("sagas", "saga_log", "deadlines", "dead_letters", "outbox", "parked",
+                "order_blocks", "orders")  # fmt: skip
 
 
 def say(text: str) -> None:
@@ -76,8 +78,22 @@ async def all_terminal(pool: asyncpg.Pool, ids: list[str], limit_s: float = 180)
             return found
         if time.monotonic() > deadline:
             missing = [i for i in ids if found.get(i) not in TERMINAL]
-            raise AssertionError(f"{len(missing)} sagas not finished: {missing[:5]} {found}")
+            stories = [await story(pool, saga_id) for saga_id in missing[:3]]
+            raise AssertionError(f"{len(missing)} sagas not finished:\n" + "\n".join(stories))
         await asyncio.sleep(0.2)
+
+
+async def story(pool: asyncpg.Pool, saga_id: str) -> str:
+    """What the database knows of one saga: enough to tell where a message went missing."""
+    parts = [f"saga {saga_id}:"]
+    for table in STORY_TABLES:
+        column = (
+            "saga_id" if table in ("sagas", "saga_log", "deadlines", "dead_letters") else "order_id"
+        )
+        key = saga_id if column == "saga_id" else f"o-{saga_id}"
+        rows = await pool.fetch(f"SELECT * FROM {table} WHERE {column} = $1", key)
+        parts += [f"  {table}: {dict(r)}" for r in rows]
+    return "\n".join(parts)
 
 
 async def effects_applied_twice(pool: asyncpg.Pool) -> list[str]:
