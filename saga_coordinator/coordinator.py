@@ -15,7 +15,8 @@ from aio_pika.abc import AbstractIncomingMessage
 from saga_coordinator.gatekeeper import Gatekeeper, stamped
 from saga_coordinator.group_commit import GroupCommit
 from saga_coordinator.processor import Processor
-from saga_coordinator.store import OutboxRow, Store
+from saga_coordinator.sender import Sender
+from saga_coordinator.store import Store
 from shared import tracing, trust
 from shared.bus import Bus
 from shared.catalog import Catalog
@@ -26,6 +27,7 @@ from shared.errors import InvalidMessage
 from shared.failures import failure_recorder
 from shared.identity import Directory
 from shared.messages import DeskCommand, PartitionMessage, QuerySaga
+from shared.text import header_text
 from shared.topology import partition_of
 from shared.trust import REPLAY_HEADER, Forged
 
@@ -42,7 +44,10 @@ class Coordinator:
         self.gate = Gatekeeper(settings, catalog, bus, store)
         self._published: list[int] = []  # outbox ids published, not yet deleted
         self._last_publish = 0.0
-        self.group = GroupCommit(self._apply, max_batch=settings.partitions)
+        self.sender = Sender(bus, self._on_confirmed)
+        self.group = GroupCommit(
+            self._apply, max_batch=settings.partitions * settings.partition_batch
+        )
 
     async def _command(self, delivery: AbstractIncomingMessage, partition: int) -> None:
         """A client's command, routed by the client straight to its order's partition: checked
@@ -71,34 +76,27 @@ class Coordinator:
         return None
 
     async def _apply(self, messages: Sequence[PartitionMessage], now: datetime) -> list[str]:
-        """One transaction for the group, then its outgoing messages published from here, before
-        any of its deliveries is acked: no relay wake-up, read and delete on the hot path. The
-        rows are deleted with the next transaction (or by ``_forget_published``); a row whose
-        publish fails stays for the relay."""
+        """One transaction for the group; its outgoing messages go to the sender, which
+        publishes them while the next group runs (no relay wake-up, read and delete on the hot
+        path). The rows are deleted with a later transaction (or by ``_forget_published``); a
+        row whose publish fails stays for the relay."""
         delete = list(self._published)
         notes, sent = await self.store.run_publishing(
             lambda tx: self.processor.handle_batch(tx, messages, now), delete=delete
         )
         self._published = self._published[len(delete) :]
-        await self._publish(sent)
+        self.sender.send(sent)
         return notes
 
-    async def _publish(self, sent: list[tuple[int, OutboxRow]]) -> None:
-        if not sent:
-            return
-        crash_point("coordinator.before_publish")
-        try:
-            errors = await self.bus.publish_many(
-                [(row.exchange, row.routing_key, row.amqp()) for _, row in sent]
-            )
-        except Exception as exc:  # the broker is away: the relay publishes them later
-            log.warning("publishing after commit failed (%r); the relay will", exc)
-            return
-        self._published += [id_ for (id_, _), error in zip(sent, errors, strict=True) if not error]
+    def _on_confirmed(self, ids: list[int]) -> None:
+        self._published += ids
         self._last_publish = asyncio.get_running_loop().time()
 
     async def forget_published(self) -> None:
-        """Delete the rows published and not yet deleted (at a stop)."""
+        """Delete the rows published and not yet deleted (at a stop, once the sender has
+        published what it was handed)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.sender.settled(), self.settings.stop_grace_s)
         ids, self._published = self._published, []
         if ids:
             await self.store.forget_published(ids)
@@ -157,6 +155,7 @@ class Coordinator:
         mine, others = share_of(self.settings.coordinator_share, indexes)
         async with asyncio.TaskGroup() as group:
             group.create_task(self._forget_published(), name="outbox-deletes")
+            group.create_task(self.sender.run(), name="sender")
             for index in mine:
                 group.create_task(self._consume(index), name=f"partition-{index}")
             if others:
@@ -175,10 +174,19 @@ class Coordinator:
             handle,
             prefetch=self.settings.partition_prefetch,
             mode="sequential",
+            # The messages at the partition's head, of distinct orders, in one group commit.
+            together=order_of,
+            max_batch=self.settings.partition_batch,
             on_failure=failure_recorder(
                 self.store.pool, queue, block_order=True, key=self._block_key
             ),
         )
+
+
+def order_of(delivery: AbstractIncomingMessage) -> str | None:
+    """The order a delivery says it is for (checked against its body when it is handled; a
+    delivery without one is handled alone)."""
+    return header_text((delivery.headers or {}).get("x-order-id")) or None
 
 
 def share_of(share: str, indexes: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -1,7 +1,10 @@
 """Group commit: the messages that the partitions hand in while a transaction runs go together
-in the next one. Each partition still hands in one message at a time and waits for its
-outcome, so order within a partition is untouched; messages of different partitions (hence of
-different orders) share a transaction, its round trips and its fsync.
+in the next one, and so do those handed in at the same moment. A partition hands in the
+messages waiting at its head as long as their orders differ, and waits for their outcomes
+before the next ones; one transaction never holds two messages of one order (the later waits
+for the next transaction, and fails if the earlier did, so it never overtakes it). So order
+within an order is untouched, and messages of many orders share a transaction, its round trips
+and its fsync.
 
 There is no batching task: the first caller that finds no transaction running leads the next
 one (its delivery is in hand, so a graceful stop lets it finish); the others wait for their
@@ -42,6 +45,9 @@ class GroupCommit:
                 continue
             self._ended = ended = asyncio.Event()
             try:
+                # One turn of the loop first: the messages handed in together (a partition's
+                # batch, see ``Coordinator._consume``) join this transaction.
+                await asyncio.sleep(0)
                 await self._run(self._take())
             finally:
                 self._ended = None
@@ -64,6 +70,22 @@ class GroupCommit:
         return batch
 
     async def _run(self, batch: list[tuple[PartitionMessage, asyncio.Future[str]]]) -> None:
+        await self._apply_batch(batch)
+        failed = {m.order_id for m, outcome in batch if outcome.exception() is not None}
+        if failed:
+            self._fail_behind(failed)
+
+    def _fail_behind(self, orders: set[str]) -> None:
+        """A message waiting behind one of its order's that failed must not overtake it (the
+        failure blocks the order once it is recorded, which is after this): it fails too."""
+        behind = [item for item in self._waiting if item[0].order_id in orders]
+        self._waiting = [item for item in self._waiting if item[0].order_id not in orders]
+        for message, outcome in behind:
+            outcome.set_exception(
+                RetryLater(f"an earlier message of order {message.order_id} failed")
+            )
+
+    async def _apply_batch(self, batch: list[tuple[PartitionMessage, asyncio.Future[str]]]) -> None:
         now = datetime.now(UTC)
         metrics.BATCH_SIZE.observe(len(batch))
         try:
@@ -78,7 +100,7 @@ class GroupCommit:
                 return
             log.warning("a batch of %d failed (%r): each message alone now", len(batch), exc)
             for item in batch:
-                await self._run([item])
+                await self._apply_batch([item])
             return
         for (_, outcome), note in zip(batch, notes, strict=True):
             outcome.set_result(note)

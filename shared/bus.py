@@ -14,25 +14,14 @@ import pamqp.commands
 from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
-    AbstractIncomingMessage,
-    AbstractQueue,
     AbstractRobustConnection,
 )
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from shared import metrics
 from shared.cluster_connection import connect_cluster
 from shared.codec import message_to_amqp
 from shared.config import Settings
-from shared.delivery import (
-    Acks,
-    BatchHandler,
-    FailureHook,
-    Handler,
-    InHand,
-    deliver,
-    deliver_batch,
-)
+from shared.consumer import Together, consume
+from shared.delivery import BatchHandler, FailureHook, Handler
 from shared.identity import amqp_url_for, user_of_url
 from shared.messages import Envelope, Outbound
 from shared.ports import Publisher
@@ -248,140 +237,13 @@ class Bus:
         on_failure: FailureHook | None = None,
         batch: BatchHandler | None = None,
         max_batch: int = 32,
+        together: Together | None = None,
     ) -> None:
-        """Consume until cancelled. ``sequential`` handles one delivery at a time in queue order
-        (aio-pika would otherwise run one task per delivery and lose the order).
-
-        ``batch`` (concurrent mode only): the deliveries that arrive while a batch runs go
-        together into the next one (up to ``max_batch``), which ``batch`` handles in one go;
-        what it hands back ``Alone`` runs on its own through ``handler``.
-
-        A watchdog notices when the broker cancels the consumer (its queue was deleted, a node
-        failed over) and subscribes again, re-declaring the topology first: a consumer that the
-        server dropped never silently stops the component."""
-
-        def lost(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome is not None else None
-            metrics.CONSUMER_RESTARTS.labels(queue_name).inc()
-            log.warning("consumer of %s lost (%r); subscribing again", queue_name, exc)
-
-        # A lost connection or channel surfaces in many types: every one means subscribe again.
-        resubscribing = AsyncRetrying(
-            retry=retry_if_exception_type(Exception),
-            wait=wait_exponential(multiplier=0.2, max=5.0),
-            before_sleep=lost,
-        )
-        async for attempt in resubscribing:
-            with attempt:
-                if attempt.retry_state.attempt_number > 1:
-                    with contextlib.suppress(Exception):  # the broker may still be away
-                        await self.declare()
-                await self._consume_until_lost(
-                    queue_name, handler, prefetch, mode, on_failure, batch, max_batch
-                )
-                raise ConsumerLost(f"the consumer of {queue_name} stopped")
-
-    async def _consume_until_lost(
-        self,
-        queue_name: str,
-        handler: Handler,
-        prefetch: int,
-        mode: Literal["sequential", "concurrent"],
-        on_failure: FailureHook | None,
-        batch: BatchHandler | None = None,
-        max_batch: int = 32,
-    ) -> None:
-        channel = await self.connection.channel()
-        await channel.set_qos(prefetch_count=prefetch)
-        inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
-        in_hand: set[asyncio.Future[object]] = set()
-        acks = Acks(lambda: not inbox.empty()) if mode == "sequential" else None
-        unsettled = InHand()
-
-        def keep(future: asyncio.Future[object]) -> asyncio.Future[object]:
-            # A delivery in hand runs to its ack even when the consumer is stopped: a graceful
-            # stop finishes it instead of abandoning it half done.
-            in_hand.add(future)
-            future.add_done_callback(in_hand.discard)
-            return future
-
-        def start(
-            message: AbstractIncomingMessage, alone: Handler | None = None
-        ) -> asyncio.Future[object]:
-            settle_with = unsettled.settle if acks is None else acks.settle
-            work = deliver(message, alone or handler, on_failure, settle_with)
-            return keep(asyncio.ensure_future(work))
-
-        async def on_message(message: AbstractIncomingMessage) -> None:
-            if acks is None:
-                unsettled.add(message)
-            if mode == "sequential" or batch is not None:
-                inbox.put_nowait(message)  # before any await: arrival order is kept
-            else:
-                await asyncio.shield(start(message))
-
-        async def work() -> None:
-            while True:
-                await asyncio.shield(start(await inbox.get()))
-
-        async def batches(handle: BatchHandler) -> None:
-            while True:
-                taken = [await inbox.get()]
-                while not inbox.empty() and len(taken) < max_batch:
-                    taken.append(inbox.get_nowait())
-                done = deliver_batch(taken, handle, unsettled, start, on_failure)
-                await asyncio.shield(keep(asyncio.ensure_future(done)))
-
-        worker = None
-        if batch is not None:
-            worker = asyncio.create_task(batches(batch))
-        elif mode == "sequential":
-            worker = asyncio.create_task(work())
-        tag: str | None = None
-        queue = await channel.get_queue(queue_name, ensure=False)
-        try:
-            tag = await queue.consume(on_message)
-            while True:
-                await asyncio.sleep(self.settings.watchdog_s)
-                underlay = await channel.get_underlay_channel()
-                consumers = getattr(underlay, "consumers", None)
-                if consumers is not None and tag not in consumers:
-                    raise ConsumerLost(f"the broker cancelled the consumer of {queue_name}")
-                if worker is not None and worker.done():
-                    worker.result()
-        finally:
-            await self._wind_down(channel, queue, tag, worker, in_hand, acks)
-
-    async def _wind_down(
-        self,
-        channel: AbstractChannel,
-        queue: AbstractQueue,
-        tag: str | None,
-        worker: asyncio.Task[None] | None,
-        in_hand: set[asyncio.Future[object]],
-        acks: Acks | None,
-    ) -> None:
-        """Stop taking deliveries, let the ones in hand finish (bounded), send the acks held
-        back, then close: whatever was prefetched but not started goes back to the queue, in
-        order."""
-        if tag is not None and not channel.is_closed:
-            with contextlib.suppress(Exception):
-                await queue.cancel(tag)
-        if worker is not None:
-            worker.cancel()
-            await asyncio.gather(worker, return_exceptions=True)
-        if in_hand:
-            await asyncio.wait(set(in_hand), timeout=self.settings.stop_grace_s)
-        if acks is not None and not channel.is_closed:
-            with contextlib.suppress(Exception):
-                await acks.flush()
-        if not channel.is_closed:
-            with contextlib.suppress(Exception):
-                await channel.close()
-
-
-class ConsumerLost(Exception):
-    """The broker cancelled our consumer; the supervisor subscribes again."""
+        """Consume until cancelled: see ``shared.consumer.consume``."""
+        await consume(
+            self, queue_name, handler, prefetch=prefetch, mode=mode, on_failure=on_failure,
+            batch=batch, max_batch=max_batch, together=together,
+        )  # fmt: skip
 
 
 def _is_a_publisher(bus: Bus) -> Publisher:

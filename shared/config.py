@@ -154,6 +154,9 @@ class Settings(BaseSettings):
     # one ack); 1 handles each alone.
     adapter_batch: Count = 32
     partition_prefetch: Count = 64
+    # The most messages a partition hands to one group commit: those at its head, of distinct
+    # orders; 1 hands them one at a time.
+    partition_batch: Count = 32
     relay_batch: Count = 200
     relay_poll_s: Seconds = 0.5
     # A row the coordinator wrote to publish itself, still there after this long, is the

@@ -110,3 +110,28 @@ async def test_every_message_gets_its_own_note(count: int) -> None:
     group = GroupCommit(Recorder().apply, max_batch=8)
     notes = await asyncio.gather(*(group.submit(start(f"o{i}", f"s{i}")) for i in range(count)))
     assert notes == [f"applied s{i}" for i in range(count)]
+
+
+async def test_messages_handed_in_at_the_same_moment_share_one_transaction() -> None:
+    """A partition hands in the messages at its head together: one transaction for them all,
+    not one for the first and one for the rest."""
+    recorder = Recorder()
+    group = GroupCommit(recorder.apply, max_batch=8)
+    notes = await asyncio.gather(*(group.submit(start(f"o{i}", f"s{i}")) for i in range(4)))
+    assert notes == [f"applied s{i}" for i in range(4)]
+    assert recorder.batches == [["s0", "s1", "s2", "s3"]]
+
+
+async def test_a_message_behind_a_failed_one_of_its_order_fails_too() -> None:
+    """It waited for the next transaction; applied there it would overtake the failed one,
+    which goes back to its queue (and blocks the order once its failure is recorded)."""
+    recorder = Recorder(bad="a")
+    group = GroupCommit(recorder.apply, max_batch=8)
+    submitted = [("o1", "a"), ("o2", "b"), ("o1", "c")]
+    results = await asyncio.gather(
+        *(group.submit(start(order, saga)) for order, saga in submitted), return_exceptions=True
+    )
+    assert isinstance(results[0], RuntimeError)
+    assert results[1] == "applied b"
+    assert isinstance(results[2], RetryLater)
+    assert "c" not in [saga for batch in recorder.batches for saga in batch]

@@ -1,0 +1,66 @@
+"""Publishes what the group commits committed, in commit order, off their critical path.
+
+A group's deliveries may be acked as soon as its transaction commits: its outgoing messages are
+outbox rows by then, and a crash before their confirms leaves them to the relay. So the group
+hands its rows here and returns; the next group's transaction runs while these wait for their
+confirms. One sender per coordinator publishes everything handed in since its last round as
+one pipelined batch, in the order handed in: one order's messages never overtake each other.
+A row the broker does not confirm stays in the outbox for the relay."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from saga_coordinator.store import OutboxRow
+from shared.bus import Bus
+from shared.crashpoints import crash_point
+
+log = logging.getLogger(__name__)
+
+
+class Sender:
+    """``confirmed``: told the outbox ids of every round's confirmed rows (to delete them)."""
+
+    def __init__(self, bus: Bus, confirmed: Callable[[list[int]], None]) -> None:
+        self.bus = bus
+        self._confirmed = confirmed
+        self._rows: list[tuple[int, OutboxRow]] = []
+        self._more = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def send(self, rows: Sequence[tuple[int, OutboxRow]]) -> None:
+        if rows:
+            self._rows += rows
+            self._idle.clear()
+            self._more.set()
+
+    async def settled(self) -> None:
+        """Return once everything handed in has been published or left to the relay."""
+        await self._idle.wait()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self._more.wait()
+                self._more.clear()
+                rows, self._rows = self._rows, []
+                await self._publish(rows)
+                if not self._rows:
+                    self._idle.set()
+        finally:  # cancelled: what was not published is the relay's (it is in the outbox)
+            self._rows = []
+            self._idle.set()
+
+    async def _publish(self, rows: list[tuple[int, OutboxRow]]) -> None:
+        crash_point("coordinator.before_publish")
+        try:
+            errors = await self.bus.publish_many(
+                [(row.exchange, row.routing_key, row.amqp()) for _, row in rows]
+            )
+        except Exception as exc:  # the broker is away: the relay publishes them later
+            log.warning("publishing after commit failed (%r); the relay will", exc)
+            return
+        self._confirmed([id_ for (id_, _), error in zip(rows, errors, strict=True) if not error])

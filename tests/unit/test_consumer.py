@@ -1,0 +1,79 @@
+"""A sequential consumer that hands in several deliveries at once (the coordinator's partitions):
+which ones go together, and how they are settled."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from shared.bus import Bus
+from shared.config import Settings
+from shared.consumer import _Subscription
+from shared.errors import RetryLater
+from tests.unit.test_delivery import Delivery
+
+
+def header_key(delivery: AbstractIncomingMessage) -> str | None:
+    value = (delivery.headers or {}).get("x-order-id")
+    return value if isinstance(value, str) else None
+
+
+async def handled_together(
+    orders: list[str | None], bad: str = ""
+) -> tuple[list[list[str]], list[tuple[str, int, bool]]]:
+    """Queue deliveries for ``orders`` (None: no order header), let the consumer take them,
+    and say which ran side by side and what went on the wire."""
+    wire: list[tuple[str, int, bool]] = []
+    bus = cast(Bus, type("FakeBus", (), {"settings": Settings()})())
+    groups: list[list[str]] = []
+    running: list[str] = []
+    handled: list[str] = []
+    all_handled = asyncio.Event()
+
+    async def handler(delivery: AbstractIncomingMessage) -> None:
+        if not running:
+            groups.append([])
+        running.append(delivery.message_id or "")
+        groups[-1].append(delivery.message_id or "")
+        await asyncio.sleep(0)  # the others of its group start meanwhile
+        running.remove(delivery.message_id or "")
+        handled.append(delivery.message_id or "")
+        if len(handled) == len(orders):
+            all_handled.set()
+        if delivery.message_id == bad:
+            raise RetryLater("not now")
+
+    sub = _Subscription(bus, "q", handler, prefetch=64, mode="sequential", on_failure=None)
+    for tag, order in enumerate(orders, start=1):
+        delivery = Delivery(tag, wire)
+        delivery.headers = {} if order is None else {"x-order-id": order}
+        sub.inbox.put_nowait(cast(AbstractIncomingMessage, delivery))
+    worker = asyncio.create_task(sub.side_by_side(header_key, most=3))
+    await asyncio.wait_for(all_handled.wait(), 5)
+    await asyncio.wait_for(asyncio.gather(*sub.in_hand), 5)  # settled
+    worker.cancel()
+    return groups, wire
+
+
+async def test_deliveries_of_distinct_orders_at_the_head_go_together_up_to_the_most() -> None:
+    groups, wire = await handled_together(["a", "b", "c", "d", "e"])
+    assert groups == [["m1", "m2", "m3"], ["m4", "m5"]]
+    # one ack frame for all: more was waiting when the first group was settled
+    assert wire == [("ack", 5, True)]
+
+
+async def test_a_second_delivery_of_one_order_waits_for_the_first_to_be_settled() -> None:
+    groups, _ = await handled_together(["a", "b", "a", "c"])
+    assert groups == [["m1", "m2"], ["m3", "m4"]]
+
+
+async def test_a_delivery_without_an_order_goes_alone() -> None:
+    groups, _ = await handled_together(["a", None, "b"])
+    assert groups == [["m1"], ["m2"], ["m3"]]
+
+
+async def test_a_group_is_settled_in_queue_order_a_failure_on_its_own() -> None:
+    _, wire = await handled_together(["a", "b", "c"], bad="m2")
+    assert wire == [("ack", 1, False), ("requeue", 2, False), ("ack", 3, False)]
