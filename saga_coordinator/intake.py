@@ -14,7 +14,6 @@ from saga_coordinator.store import Store
 from shared import tracing
 from shared.bus import Bus
 from shared.catalog import Catalog
-from shared.codec import message_to_amqp
 from shared.config import Settings
 from shared.failures import failure_recorder
 from shared.messages import AnyCommand, DeskCommand, QuerySaga
@@ -52,7 +51,7 @@ class Intake:
         """Numbered first, so a command that fails later keeps its place in its order; then sent
         to the partition under the gatekeeper's id for it (a re-sent or redelivered command gets
         the same id and number, and the inbox absorbs it)."""
-        forwarded, t = stamped(command), self.bus.topology
+        forwarded = stamped(command)
         seq = await self.store.assign_seq(forwarded.message_id, command.order_id)
         with tracing.TRACER.start_as_current_span(
             f"intake {command.type}", context=tracing.extract(delivery.headers),
@@ -60,8 +59,7 @@ class Intake:
             attributes=tracing.attributes(command.saga_id, command.order_id),
         ):  # fmt: skip
             numbered = forwarded.model_copy(update={"seq": seq})
-            item = (t.partitions_exchange, t.partition_key(command.order_id),
-                    message_to_amqp(numbered, tracing.headers_of()))  # fmt: skip
+            item = self.bus.for_partition(numbered, tracing.headers_of())
             [error] = await publish_in_hand(self.bus, [item], [delivery])
             if error is not None:
                 raise error

@@ -38,7 +38,7 @@ from services.sdk import Resources, Service, batch_scope
 from shared import logs, metrics, tracing, trust
 from shared.bus import Bus
 from shared.catalog import Catalog
-from shared.codec import decode_incoming, message_to_amqp
+from shared.codec import decode_incoming
 from shared.config import Settings
 from shared.crashpoints import crash_point
 from shared.delivery import Alone, BatchVerdict
@@ -192,12 +192,7 @@ class Adapter:
         """One confirm round for the outcomes, each carrying its request's span (``None``: the
         current one); an outcome the broker cannot take for now keeps its request in hand."""
         assert self.bus is not None
-        t = self.bus.topology
-        items = [
-            (t.partitions_exchange, t.partition_key(req.order_id),
-             message_to_amqp(out, tracing.headers_of(span)))
-            for req, out, span in outcomes
-        ]  # fmt: skip
+        items = [self.bus.for_partition(out, tracing.headers_of(span)) for _, out, span in outcomes]
         return await publish_in_hand(self.bus, items, deliveries)
 
     def _span(

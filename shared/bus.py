@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import aio_pika
 import aiormq
@@ -20,8 +20,7 @@ from aio_pika.abc import (
 from shared.cluster_connection import connect_cluster
 from shared.codec import message_to_amqp
 from shared.config import Settings
-from shared.consumer import Together, consume
-from shared.delivery import BatchHandler, FailureHook, Handler
+from shared.consumer import consume
 from shared.identity import amqp_url_for, user_of_url
 from shared.messages import Envelope, Outbound
 from shared.ports import Publisher
@@ -223,27 +222,18 @@ class Bus:
     ) -> None:
         await self.publish_raw(exchange, routing_key, message_to_amqp(message, headers))
 
-    async def to_partition(self, message: Envelope, headers: dict[str, Any] | None = None) -> None:
+    def for_partition(
+        self, message: Envelope, headers: dict[str, Any] | None = None
+    ) -> tuple[str, str, aio_pika.Message]:
+        """``message`` addressed to its order's partition, ready for ``publish_many``."""
         key = self.topology.partition_key(message.order_id)
-        await self.publish(self.topology.partitions_exchange, key, message, headers)
+        return self.topology.partitions_exchange, key, message_to_amqp(message, headers)
 
-    async def consume(
-        self,
-        queue_name: str,
-        handler: Handler,
-        *,
-        prefetch: int,
-        mode: Literal["sequential", "concurrent"],
-        on_failure: FailureHook | None = None,
-        batch: BatchHandler | None = None,
-        max_batch: int = 32,
-        together: Together | None = None,
-    ) -> None:
-        """Consume until cancelled: see ``shared.consumer.consume``."""
-        await consume(
-            self, queue_name, handler, prefetch=prefetch, mode=mode, on_failure=on_failure,
-            batch=batch, max_batch=max_batch, together=together,
-        )  # fmt: skip
+    async def to_partition(self, message: Envelope, headers: dict[str, Any] | None = None) -> None:
+        await self.publish_raw(*self.for_partition(message, headers))
+
+    # Consume until cancelled: ``shared.consumer.consume``, with this bus as its first argument.
+    consume = consume
 
 
 def _is_a_publisher(bus: Bus) -> Publisher:

@@ -84,9 +84,10 @@ async def consume(
             if attempt.retry_state.attempt_number > 1:
                 with contextlib.suppress(Exception):  # the broker may still be away
                     await bus.declare()
-            await _Subscription(bus, queue_name, handler, prefetch, mode, on_failure).run(
-                batch, max_batch, together
+            subscription = _Subscription(
+                bus, queue_name, handler, prefetch, mode, on_failure, batch
             )
+            await subscription.run(together, max_batch)
             raise ConsumerLost(f"the consumer of {queue_name} stopped")
 
 
@@ -101,6 +102,7 @@ class _Subscription:
         prefetch: int,
         mode: Literal["sequential", "concurrent"],
         on_failure: FailureHook | None,
+        batch: BatchHandler | None,
     ) -> None:
         self.bus = bus
         self.queue_name = queue_name
@@ -114,7 +116,7 @@ class _Subscription:
         self.in_hand: set[asyncio.Future[object]] = set()
         self.acks = Acks(self._waiting) if mode == "sequential" else None
         self.unsettled = InHand()
-        self.batched = False
+        self.batch = batch
 
     def _waiting(self) -> bool:
         return self.to_settle > 0 or bool(self.carried) or not self.inbox.empty()
@@ -136,7 +138,7 @@ class _Subscription:
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         if self.acks is None:
             self.unsettled.add(message)
-        if self.mode == "sequential" or self.batched:
+        if self.mode == "sequential" or self.batch is not None:
             self.inbox.put_nowait(message)  # before any await: arrival order is kept
         else:
             await asyncio.shield(self.start(message))
@@ -179,13 +181,12 @@ class _Subscription:
             self.to_settle = len(taken) - i - 1
             await self.acks.settle(message, outcomes[id(message)])
 
-    async def run(self, batch: BatchHandler | None, most: int, together: Together | None) -> None:
+    async def run(self, together: Together | None, most: int) -> None:
         channel = await self.bus.connection.channel()
         await channel.set_qos(prefetch_count=self.prefetch)
         worker = None
-        if batch is not None:
-            self.batched = True
-            worker = asyncio.create_task(self.batches(batch, most))
+        if self.batch is not None:
+            worker = asyncio.create_task(self.batches(self.batch, most))
         elif self.mode == "sequential" and together is not None:
             worker = asyncio.create_task(self.side_by_side(together, most))
         elif self.mode == "sequential":

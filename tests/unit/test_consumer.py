@@ -45,7 +45,9 @@ async def handled_together(
         if delivery.message_id == bad:
             raise RetryLater("not now")
 
-    sub = _Subscription(bus, "q", handler, prefetch=64, mode="sequential", on_failure=None)
+    sub = _Subscription(
+        bus, "q", handler, prefetch=64, mode="sequential", on_failure=None, batch=None
+    )
     for tag, order in enumerate(orders, start=1):
         delivery = Delivery(tag, wire)
         delivery.headers = {} if order is None else {"x-order-id": order}
