@@ -62,10 +62,14 @@ wait_port() { # PORT SECONDS [PROBE]: PROBE failing means the server died, no us
 
 # Ports handed out by this run, so that two of them never coincide.
 taken=" "
+# Below the kernel's ephemeral range: a server restarted on a port in that range can find it
+# taken meanwhile by any process's outgoing connection, and fail with eaddrinuse.
+ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2> /dev/null || echo 32768)
+if [ "${ephemeral_low:-0}" -lt 12000 ] 2> /dev/null; then ephemeral_low=32768; fi
 free_port() { # VAR: set to a port nothing on 127.0.0.1 listens on
     local port
     for _ in $(seq 1 200); do
-        port=$((20000 + RANDOM % 25000))
+        port=$((10000 + RANDOM % (ephemeral_low - 10000)))
         case "$reserved$taken" in *" $port "*) continue ;; esac
         if ! reachable 127.0.0.1 "$port"; then
             taken="$taken$port "

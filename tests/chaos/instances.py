@@ -37,9 +37,11 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 # The host part of the RabbitMQ node name; "localhost" resolves here and is what the shared node
 # uses too (see /etc/rabbitmq/rabbitmq-env.conf).
 RABBIT_HOST = "localhost"
-# Ports are drawn from here; RabbitMQ also needs port + 20000 (its distribution port) free.
-PORT_RANGE = (20_000, 45_000)
-DIST_OFFSET = 20_000
+# Ports are drawn from 10000 up, outside the kernel's ephemeral range: a server restarted on a
+# port in that range can find it taken by any process's outgoing connection meanwhile (a client
+# retrying the dead node even connects to itself when its source port is the one it dials), and
+# the restart fails with eaddrinuse.
+LOWEST_PORT = 10_000
 # The machine's shared services: never handed out, whatever the bind test says.
 RESERVED_PORTS = frozenset({4369, 5432, 5672, 15672, 25672})
 
@@ -62,18 +64,27 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
-def free_port(*, with_dist_port: bool = False) -> int:
-    """A port nobody listens on (and, for RabbitMQ, port + 20000 too)."""
+def _ephemeral_ports() -> range:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32_768, 61_000)  # Linux's default
+
+
+def free_port() -> int:
+    """A port nobody listens on and no outgoing connection will be given."""
+    ephemeral = _ephemeral_ports()
+    candidates = [p for p in range(LOWEST_PORT, 65_536) if p not in ephemeral]
     rng = random.Random()  # not the test's seeded RNG: ports must differ between runs
     for _ in range(500):
-        port = rng.randint(*PORT_RANGE)
-        wanted = [port, port + DIST_OFFSET] if with_dist_port else [port]
-        if any(p in RESERVED_PORTS or p in _handed_out for p in wanted):
+        port = rng.choice(candidates)
+        if port in RESERVED_PORTS or port in _handed_out:
             continue
-        if all(_port_is_free(p) for p in wanted):
-            _handed_out.update(wanted)
+        if _port_is_free(port):
+            _handed_out.add(port)
             return port
-    raise InstanceError("no free port found")
+    raise InstanceError(f"no free port from {LOWEST_PORT} outside the ephemeral range {ephemeral}")
 
 
 def _as_user(user: str, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
@@ -368,7 +379,8 @@ class DisposableRabbit(_Instance):
 
     def __init__(self, *, name: str | None = None, tls: TlsFiles | None = None) -> None:
         self.tls = tls
-        self.port = free_port(with_dist_port=True)
+        self.port = free_port()
+        self.dist_port = free_port()  # Erlang distribution, between the cluster's nodes
         self.name = name or f"chaos{uuid.uuid4().hex[:10]}@{RABBIT_HOST}"
         # The shared node is rabbit@localhost: refuse any name that could be it.
         if not self.name.startswith("chaos") or "@" not in self.name:
@@ -394,7 +406,7 @@ class DisposableRabbit(_Instance):
             "HOME": pwd.getpwnam("rabbitmq").pw_dir,
             "RABBITMQ_NODENAME": self.name,
             "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(self.port + DIST_OFFSET),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
             "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
             "RABBITMQ_LOG_BASE": str(self.log_dir),
             "RABBITMQ_PID_FILE": str(self.dir / "pid"),
@@ -452,6 +464,7 @@ class DisposableRabbit(_Instance):
             except Exception as exc:
                 if time.monotonic() > deadline:
                     log = _tail(self.log_dir / f"{self.name}.log")
+                    self.archive_log(Path(tempfile.gettempdir()) / "saga-failed-rabbit" / self.name)
                     raise InstanceError(f"rabbitmq {self.name} not up: {exc!r}\n{log}") from exc
                 await asyncio.sleep(0.2)
             else:

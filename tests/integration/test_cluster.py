@@ -32,8 +32,10 @@ def say(text: str) -> None:
 
 
 class SteadyLoad:
-    """Refunds at a steady rate, each start re-sent under its own message id until the broker
-    confirms it (a node that dies takes unconfirmed publishes with it)."""
+    """Refunds at a steady rate until stopped, each start re-sent under its own message id until
+    the broker confirms it (a node that dies takes unconfirmed publishes with it). It runs until
+    the test has seen the recovery it waits for: a load of fixed size could end before a slow
+    ``rabbitmqctl`` let the kill happen, and no saga would ever start after it."""
 
     def __init__(self, bus: Bus, per_second: float = 8.0) -> None:
         self.bus = bus
@@ -41,13 +43,19 @@ class SteadyLoad:
         self.started: dict[str, float] = {}  # saga_id -> when its start was confirmed
         self.resent = 0
         self._progress = asyncio.Condition()
+        self._stopping = asyncio.Event()
 
     async def reached(self, count: int) -> None:
         async with self._progress:
             await self._progress.wait_for(lambda: len(self.started) >= count)
 
-    async def run(self, count: int) -> None:
-        for n in range(count):
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        n = 0
+        while not self._stopping.is_set():
+            n += 1
             saga_id = f"c-{n:04d}-{time.monotonic_ns() % 10**6}"
             command = StartSaga(message_id=f"m-{saga_id}", saga_id=saga_id, order_id=f"o-{saga_id}",
                                 saga="refund", params=REFUND)  # fmt: skip
@@ -62,7 +70,8 @@ class SteadyLoad:
             self.started[saga_id] = time.monotonic()
             async with self._progress:
                 self._progress.notify_all()
-            await asyncio.sleep(self.interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.interval)
 
 
 async def statuses(pool: asyncpg.Pool, ids: list[str]) -> dict[str, str]:
@@ -103,13 +112,20 @@ async def effects_applied_twice(pool: asyncpg.Pool) -> list[str]:
     return [r[0] for r in rows]
 
 
-async def recovery_s(load: SteadyLoad, pool: asyncpg.Pool, since: float) -> float:
+async def recovery_s(
+    load: SteadyLoad, pool: asyncpg.Pool, since: float, limit_s: float = 180
+) -> float:
     """Seconds from ``since`` until a saga started after it has completed."""
     while True:
         later = [s for s, t in load.started.items() if t > since]
         done = await statuses(pool, later) if later else {}
         if any(v == "completed" for v in done.values()):
             return time.monotonic() - since
+        if time.monotonic() - since > limit_s:
+            raise AssertionError(
+                f"no saga started after the kill completed within {limit_s:g}s: "
+                f"{len(later)} started since, {len(load.started)} in all"
+            )
         await asyncio.sleep(0.1)
 
 
@@ -134,7 +150,7 @@ async def test_broker_nodes_die_under_load_and_no_saga_is_lost_or_applied_twice(
         settings = cluster_settings(rabbit.url(), pg.url("saga"))
         async with running(settings) as (_, bus, pool):
             load = SteadyLoad(bus)
-            sending = asyncio.create_task(load.run(120))
+            sending = asyncio.create_task(load.run())
             await load.reached(20)
             first = await rabbit.busiest_leader("cl.partition.")
             killed_at = time.monotonic()
@@ -154,6 +170,8 @@ async def test_broker_nodes_die_under_load_and_no_saga_is_lost_or_applied_twice(
             say(f"sagas complete again after {second_recovery:.1f}s")
             await second.start()
             say(f"{second.name} back")
+            await load.reached(len(load.started) + 10)  # some sagas on the whole cluster again
+            load.stop()
             await sending
             ids = list(load.started)
             found = await all_terminal(pool, ids)
@@ -172,12 +190,14 @@ async def test_the_database_fails_over_under_load_and_nothing_acted_on_is_missin
         settings = cluster_settings(rabbit.url(), pg.url("saga"))
         async with running(settings) as (_, bus, pool):
             load = SteadyLoad(bus)
-            sending = asyncio.create_task(load.run(80))
+            sending = asyncio.create_task(load.run())
             await load.reached(25)
             before = await statuses(pool, list(load.started))
             killed_at = time.monotonic()
             promote_s = await pg.fail_over()
             recovery = await recovery_s(load, pool, killed_at)
+            await load.reached(len(load.started) + 10)
+            load.stop()
             await sending
             ids = list(load.started)
             found = await all_terminal(pool, ids)
