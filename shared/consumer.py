@@ -36,6 +36,15 @@ log = logging.getLogger(__name__)
 Together = Callable[[AbstractIncomingMessage], str | None]
 
 
+def _unsettled(future: asyncio.Future[object]) -> None:
+    """A delivery in hand whose consumer was cancelled meanwhile (its channel closed) can fail
+    to settle: nobody awaits it any more, so its error is taken here, in one line, instead of
+    asyncio's "exception was never retrieved". The broker redelivers it."""
+    if future.cancelled() or future.exception() is None:
+        return
+    log.warning("a delivery was not settled (%r); the broker redelivers it", future.exception())
+
+
 class ConsumerLost(Exception):
     """The broker cancelled our consumer; the supervisor subscribes again."""
 
@@ -126,6 +135,7 @@ class _Subscription:
         # stop finishes it instead of abandoning it half done.
         self.in_hand.add(future)
         future.add_done_callback(self.in_hand.discard)
+        future.add_done_callback(_unsettled)
         return future
 
     def start(

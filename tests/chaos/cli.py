@@ -30,7 +30,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--db-down", type=float, default=3.0, help=down)
     parser.add_argument("--settle-timeout", type=float, default=300.0)
     parser.add_argument(
-        "--freeze", type=float, default=40.0, help="seconds one adapter hangs (SIGSTOP); 0: none"
+        "--freeze",
+        type=float,
+        default=40.0,
+        help="seconds one adapter hangs (SIGSTOP), at least; always longer than its longest "
+        "answer window; 0: none",
     )
     parser.add_argument("--no-faults", action="store_true")
     parser.add_argument(

@@ -32,6 +32,7 @@ import asyncpg
 
 from services.faults import clear_faults
 from shared.bus import Bus
+from shared.catalog import answer_within_s
 from shared.config import Settings
 from shared.gateway import load_catalog
 from shared.messages import ResumeSaga
@@ -60,6 +61,8 @@ MIN_UPTIME_BEFORE_BROKER_CRASH_S = 10.0
 # Once every saga is final, wait this long before looking: a late duplicate still in flight
 # would land an effect the checks must see.
 QUIET_S = 5.0
+# The frozen adapter hangs this much longer than its longest answer window.
+FREEZE_MARGIN_S = 6.0
 
 
 def _say(text: str) -> None:
@@ -75,8 +78,9 @@ class ChaosConfig:
     kill_pause_s: float = 2.0  # a killed process is restarted after 0..this many seconds
     broker_restarts: int = 1
     db_restarts: int = 1
-    # An adapter frozen (SIGSTOP) this long, once: longer than any step's answer window, so the
-    # coordinator's deadlines fire and resend while the frozen process holds its deliveries.
+    # An adapter frozen (SIGSTOP) once, at least this long and always longer than the longest
+    # answer window of its actions and compensations (payments': 54 s), so the coordinator's
+    # deadlines fire and resend while the frozen process holds its deliveries.
     freeze_s: float = 40.0
     # A restarted server stays down between half this and this many seconds.
     broker_down_s: float = 3.0
@@ -101,6 +105,7 @@ class ChaosResult:
     publish: PublishStats
     kills: Counter[str]
     freezes: Counter[str]
+    frozen_s: float  # how long the frozen adapter hung
     broker_restarts: int
     db_restarts: int
     process_exits: list[ProcessExit]
@@ -276,6 +281,17 @@ SELECT
 # --- the chaos monkey ----------------------------------------------------------------------------
 
 
+def longest_answer_window_s(service: str) -> float:
+    """The longest time the coordinator waits for an answer from ``service`` before it sends
+    a request again (``shared.catalog.answer_within_s``), over its actions and compensations."""
+    catalog = load_catalog(Settings().catalog_file)
+    windows = [
+        *((n, answer_within_s(a.timeout_s, a.retry)) for n, a in catalog.actions.items()),
+        *((n, answer_within_s(c.timeout_s, c.retry)) for n, c in catalog.compensations.items()),
+    ]
+    return max((w for name, w in windows if name.split(".", 1)[0] == service), default=0.0)
+
+
 @dataclass
 class Monkey:
     """SIGKILLs a process now and then (restarting it after a short pause), and restarts the
@@ -289,6 +305,7 @@ class Monkey:
     t0: float = field(default_factory=time.monotonic)
     _round: list[str] = field(default_factory=list)
     _frozen: set[str] = field(default_factory=set)
+    frozen_s: float = 0.0
 
     def log(self, text: str) -> None:
         self.say(f"[{time.monotonic() - self.t0:7.1f}s] {text}")
@@ -335,10 +352,13 @@ class Monkey:
         await asyncio.sleep(window_s * (0.3 + 0.2 * self.rng.random()))
         adapters = sorted(n for n in self.system.supervisor.components if "coordinator" not in n)
         name = self.rng.choice(adapters)
-        self.log(f"SIGSTOP {name} for {self.config.freeze_s:.0f}s (it hangs; deadlines fire)")
+        # A freeze shorter than the victim's answer windows fires no deadline (one of payments,
+        # whose windows are 43.5 and 54 s, once left a CI run's deadlines untested).
+        self.frozen_s = max(self.config.freeze_s, longest_answer_window_s(name) + FREEZE_MARGIN_S)
+        self.log(f"SIGSTOP {name} for {self.frozen_s:.0f}s (it hangs; deadlines fire)")
         self._frozen.add(name)
         try:
-            if await self.system.supervisor.freeze(name, self.config.freeze_s):
+            if await self.system.supervisor.freeze(name, self.frozen_s):
                 self.log(f"SIGCONT {name}")
         finally:
             self._frozen.discard(name)
@@ -462,6 +482,7 @@ async def _drive(
         publish=publisher.stats,
         kills=system.supervisor.kills,
         freezes=system.supervisor.freezes,
+        frozen_s=monkey.frozen_s,
         broker_restarts=system.rabbit.starts - 1,
         db_restarts=system.pg.starts - 1,
         process_exits=list(system.supervisor.exits),

@@ -24,7 +24,7 @@ def summarize(result: ChaosResult) -> str:
         f"sagas                {result.config.sagas} over {result.orders} orders",
         f"kills (SIGKILL)      {sum(result.kills.values())}: {kills}",
         f"frozen (SIGSTOP)     {', '.join(f'{k} {n}' for k, n in result.freezes.items()) or 'none'}"
-        f" for {result.config.freeze_s:.0f}s",
+        f" for {result.frozen_s:.0f}s",
         f"broker restarts      {result.broker_restarts}",
         f"database restarts    {result.db_restarts}" + _fail_over(result),
         f"terminal states      {terminal}"

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
+import pytest
 from aio_pika.abc import AbstractIncomingMessage
+from aiormq.exceptions import ChannelInvalidStateError
 
 from shared.bus import Bus
 from shared.config import Settings
@@ -79,3 +81,35 @@ async def test_a_delivery_without_an_order_goes_alone() -> None:
 async def test_a_group_is_settled_in_queue_order_a_failure_on_its_own() -> None:
     _, wire = await handled_together(["a", "b", "c"], bad="m2")
     assert wire == [("ack", 1, False), ("requeue", 2, False), ("ack", 3, False)]
+
+
+class ClosedChannel(Delivery):
+    async def ack(self, multiple: bool = False) -> None:
+        raise ChannelInvalidStateError()
+
+
+async def test_a_delivery_whose_consumer_was_cancelled_reports_a_failed_settle_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The channel closed under a delivery in hand: its ack fails after the consumer's loop
+    was cancelled, so nobody awaits it. The error is logged once, not left to asyncio's
+    "Task exception was never retrieved" with a traceback (seen in a chaos run)."""
+    bus = cast(Bus, type("FakeBus", (), {"settings": Settings()})())
+
+    async def handler(delivery: AbstractIncomingMessage) -> None:
+        return None
+
+    sub = _Subscription(bus, "q", handler, prefetch=4, mode="concurrent", on_failure=None,
+                        batch=None)  # fmt: skip
+    closed = ClosedChannel(1, [])
+
+    async def waiter() -> None:
+        await asyncio.shield(sub.start(cast(AbstractIncomingMessage, closed)))
+
+    task = asyncio.create_task(waiter())
+    await asyncio.sleep(0)
+    task.cancel()  # the consumer's loop is cancelled: the delivery runs on, unawaited
+    await asyncio.wait(set(sub.in_hand), timeout=5)
+    assert [r.getMessage() for r in caplog.records if r.name == "shared.consumer"] == [
+        "a delivery was not settled (ChannelInvalidStateError()); the broker redelivers it"
+    ]
