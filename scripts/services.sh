@@ -64,8 +64,11 @@ wait_port() { # PORT SECONDS [PROBE]: PROBE failing means the server died, no us
 taken=" "
 # Below the kernel's ephemeral range: a server restarted on a port in that range can find it
 # taken meanwhile by any process's outgoing connection, and fail with eaddrinuse.
-ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2> /dev/null || echo 32768)
-if [ "${ephemeral_low:-0}" -lt 12000 ] 2> /dev/null; then ephemeral_low=32768; fi
+ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2> /dev/null)
+case "$ephemeral_low" in
+    '' | *[!0-9]*) ephemeral_low=32768 ;; # unreadable: Linux's default
+esac
+if [ "$ephemeral_low" -lt 12000 ]; then ephemeral_low=32768; fi # too few ports below it
 free_port() { # VAR: set to a port nothing on 127.0.0.1 listens on
     local port
     for _ in $(seq 1 200); do

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import os
 import pwd
 import random
@@ -64,6 +65,7 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
+@functools.cache
 def _ephemeral_ports() -> range:
     try:
         low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
@@ -72,19 +74,25 @@ def _ephemeral_ports() -> range:
         return range(32_768, 61_000)  # Linux's default
 
 
+@functools.cache
+def _candidate_ports() -> tuple[int, ...]:
+    ephemeral = _ephemeral_ports()
+    return tuple(p for p in range(LOWEST_PORT, 65_536) if p not in ephemeral)
+
+
 def free_port() -> int:
     """A port nobody listens on and no outgoing connection will be given."""
-    ephemeral = _ephemeral_ports()
-    candidates = [p for p in range(LOWEST_PORT, 65_536) if p not in ephemeral]
     rng = random.Random()  # not the test's seeded RNG: ports must differ between runs
     for _ in range(500):
-        port = rng.choice(candidates)
+        port = rng.choice(_candidate_ports())
         if port in RESERVED_PORTS or port in _handed_out:
             continue
         if _port_is_free(port):
             _handed_out.add(port)
             return port
-    raise InstanceError(f"no free port from {LOWEST_PORT} outside the ephemeral range {ephemeral}")
+    raise InstanceError(
+        f"no free port from {LOWEST_PORT} outside the ephemeral range {_ephemeral_ports()}"
+    )
 
 
 def _as_user(user: str, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
