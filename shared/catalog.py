@@ -118,6 +118,11 @@ class SagaSpec(_Strict):
     gates: dict[Name, Gate] = Field(default_factory=dict)
 
 
+def service_of(name: str) -> str:
+    """The service an action or compensation belongs to: ``service.name``'s first part."""
+    return name.split(".", 1)[0]
+
+
 class Catalog(_Strict):
     actions: dict[Name, ActionSpec]
     compensations: dict[Name, CompensationSpec] = Field(default_factory=dict)
@@ -128,7 +133,7 @@ class Catalog(_Strict):
         """The services the catalog's actions and compensations belong to (``service.name``):
         each gets an action queue and an adapter."""
         names = [*self.actions, *self.compensations]
-        return tuple(sorted({name.split(".", 1)[0] for name in names}))
+        return tuple(sorted({service_of(name) for name in names}))
 
     def retry_policy(self, action: str) -> RetryPolicy:
         spec = self.actions.get(action) or self.compensations.get(action)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import asyncpg
 
 from services.faults import clear_faults
 from shared.bus import Bus
-from shared.catalog import answer_within_s
+from shared.catalog import Catalog, answer_within_s, service_of
 from shared.config import Settings
 from shared.gateway import load_catalog
 from shared.messages import ResumeSaga
@@ -281,15 +282,21 @@ SELECT
 # --- the chaos monkey ----------------------------------------------------------------------------
 
 
+@functools.cache
+def chaos_catalog() -> Catalog:
+    """The catalog the chaos system runs (the configured one), read once."""
+    return load_catalog(Settings().catalog_file)
+
+
 def longest_answer_window_s(service: str) -> float:
     """The longest time the coordinator waits for an answer from ``service`` before it sends
     a request again (``shared.catalog.answer_within_s``), over its actions and compensations."""
-    catalog = load_catalog(Settings().catalog_file)
+    catalog = chaos_catalog()
     windows = [
         *((n, answer_within_s(a.timeout_s, a.retry)) for n, a in catalog.actions.items()),
         *((n, answer_within_s(c.timeout_s, c.retry)) for n, c in catalog.compensations.items()),
     ]
-    return max((w for name, w in windows if name.split(".", 1)[0] == service), default=0.0)
+    return max((w for name, w in windows if service_of(name) == service), default=0.0)
 
 
 @dataclass
@@ -429,7 +436,7 @@ def _library_logs_to(path: Path) -> Iterator[None]:
 
 
 def build_load(config: ChaosConfig, rng: random.Random) -> Load:
-    plans = saga_plans(load_catalog(Settings().catalog_file))
+    plans = saga_plans(chaos_catalog())
     shape = LoadShape(
         sagas=config.sagas, with_faults=config.with_faults, per_order=config.per_order
     )
@@ -566,7 +573,7 @@ async def _progress(system: ChaosSystem, publisher: Publisher, monkey: Monkey, l
 async def reverify(workdir: Path, say: Say = _say) -> Verdict:
     """Run the checks again on a kept run (its load.json and saga.dump, restored into a
     disposable Postgres): to try a corrected check, or a fix of the checker, on real evidence."""
-    plans = saga_plans(load_catalog(Settings().catalog_file))
+    plans = saga_plans(chaos_catalog())
     load = Load.from_description(plans, json.loads((workdir / "load.json").read_text()))
     async with DisposablePostgres() as pg:
         await pg.restore(workdir / "saga.dump", "saga")
