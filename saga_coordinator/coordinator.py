@@ -20,14 +20,19 @@ from saga_coordinator.store import Store
 from shared import tracing, trust
 from shared.bus import Bus
 from shared.catalog import Catalog
-from shared.codec import PARTITION, decode_incoming, identify_incoming
+from shared.codec import (
+    PARTITION,
+    check_order_header,
+    decode_incoming,
+    identify_incoming,
+    order_header,
+)
 from shared.config import Settings
 from shared.crashpoints import crash_point
 from shared.errors import InvalidMessage
 from shared.failures import failure_recorder
 from shared.identity import Directory
 from shared.messages import DeskCommand, PartitionMessage, QuerySaga
-from shared.text import header_text
 from shared.topology import partition_of
 from shared.trust import REPLAY_HEADER, Forged
 
@@ -118,6 +123,7 @@ class Coordinator:
             await self._command(delivery, partition)
             return
         message = decode_incoming(delivery, PARTITION, self.settings.max_message_bytes)
+        check_order_header(delivery, message.order_id)
         if partition_of(message.order_id, self.settings.partitions) != partition:
             raise InvalidMessage(
                 f"order {message.order_id} is routed to partition "
@@ -175,18 +181,13 @@ class Coordinator:
             prefetch=self.settings.partition_prefetch,
             mode="sequential",
             # The messages at the partition's head, of distinct orders, in one group commit.
-            together=order_of,
+            together=order_header,
             max_batch=self.settings.partition_batch,
+            depth=self.settings.partition_depth,
             on_failure=failure_recorder(
                 self.store.pool, queue, block_order=True, key=self._block_key
             ),
         )
-
-
-def order_of(delivery: AbstractIncomingMessage) -> str | None:
-    """The order a delivery says it is for (checked against its body when it is handled; a
-    delivery without one is handled alone)."""
-    return header_text((delivery.headers or {}).get("x-order-id")) or None
 
 
 def share_of(share: str, indexes: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -23,7 +23,14 @@ from saga_coordinator.store import Store
 from shared import trust
 from shared.bus import Bus
 from shared.catalog import Catalog
-from shared.codec import COMMANDS, Identity, decode_incoming, identify_incoming, peek
+from shared.codec import (
+    COMMANDS,
+    Identity,
+    check_order_header,
+    decode_incoming,
+    identify_incoming,
+    peek,
+)
 from shared.config import Settings
 from shared.errors import InvalidMessage, PlanRejected
 from shared.gateway import admit
@@ -105,6 +112,7 @@ class Gatekeeper:
                 f"(burst {self.settings.agent_burst}); slow down and send again",
             )
         command = decode_incoming(delivery, COMMANDS, self.settings.max_message_bytes)
+        check_order_header(delivery, getattr(command, "order_id", None))
         self._check_route(delivery.routing_key or "", command, partition)
         if command.sender is not None:
             raise InvalidMessage("sender: set by the gateway from the broker's user_id, not sent")

@@ -21,7 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from shared.errors import InvalidMessage
 from shared.messages import Command, Outbound, PartitionMessage
-from shared.text import clean, first_unsafe
+from shared.text import clean, first_unsafe, header_text
 
 T = TypeVar("T")
 
@@ -164,6 +164,24 @@ def decode_incoming(message: AbstractIncomingMessage, adapter: TypeAdapter[T], m
     transport = well_formed_id(message.message_id)
     defaults = {"message_id": transport} if transport else None
     return decode(message.body, adapter, max_bytes=max_bytes, defaults=defaults)
+
+
+def order_header(message: AbstractIncomingMessage) -> str | None:
+    """The order a delivery's ``x-order-id`` header names, None when it names none. A
+    partition's consumer keys its deliveries by it (two of one order are never in hand at
+    once), before the body is read; ``check_order_header`` holds it to the body."""
+    return header_text((message.headers or {}).get("x-order-id")) or None
+
+
+def check_order_header(message: AbstractIncomingMessage, order_id: str | None) -> None:
+    """A header naming another order than the body would let two deliveries of one order be
+    in hand at once, so one could overtake the other's failure: it is refused."""
+    named = order_header(message)
+    if named is not None and order_id is not None and named != order_id:
+        raise InvalidMessage(
+            f"header x-order-id '{named[:80]}' names another order than the body's "
+            f"order_id '{order_id}'"
+        )
 
 
 def describe(exc: ValidationError, tag: object = None) -> str:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
@@ -45,6 +47,14 @@ def _unsettled(future: asyncio.Future[object]) -> None:
     log.warning("a delivery was not settled (%r); the broker redelivers it", future.exception())
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """Deliveries handled side by side: their keys, and the task that settles them."""
+
+    keys: set[str | None]
+    settled: asyncio.Future[object]
+
+
 class ConsumerLost(Exception):
     """The broker cancelled our consumer; the supervisor subscribes again."""
 
@@ -60,14 +70,18 @@ async def consume(
     batch: BatchHandler | None = None,
     max_batch: int = 32,
     together: Together | None = None,
+    depth: int = 1,
 ) -> None:
     """Consume until cancelled. ``sequential`` handles one delivery at a time in queue order
     (aio-pika would otherwise run one task per delivery and lose the order).
 
     ``together`` (sequential mode): the deliveries waiting at the head of the queue whose keys
     differ (up to ``max_batch``, stopping at the first key seen already) are handled at once
-    and settled in queue order before the next ones start, so a handler that groups work (the
-    coordinator's group commit) gets them in one go and two of one key never run together.
+    and settled in queue order, so a handler that groups work (the coordinator's group commit)
+    gets them in one go. Up to ``depth`` such batches are in hand at once (the next one is
+    handed in while the one before commits), never two deliveries of one key: a delivery
+    whose key is in hand waits until that one is settled, its failure recorded, and so does
+    every delivery behind it. Batches settle one after the other, in queue order.
 
     ``batch`` (concurrent mode only): the deliveries that arrive while a batch runs go
     together into the next one (up to ``max_batch``), which ``batch`` handles in one go;
@@ -96,7 +110,7 @@ async def consume(
             subscription = _Subscription(
                 bus, queue_name, handler, prefetch, mode, on_failure, batch
             )
-            await subscription.run(together, max_batch)
+            await subscription.run(together, max_batch, depth)
             raise ConsumerLost(f"the consumer of {queue_name} stopped")
 
 
@@ -122,13 +136,17 @@ class _Subscription:
         self.inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
         self.carried: list[AbstractIncomingMessage] = []  # taken, the head of the next batch
         self.to_settle = 0  # of the group being settled, after the one settling now
+        self.flight: list[_Batch] = []  # the batches in hand (side by side), oldest first
+        self.failed: BaseException | None = None
         self.in_hand: set[asyncio.Future[object]] = set()
         self.acks = Acks(self._waiting) if mode == "sequential" else None
         self.unsettled = InHand()
         self.batch = batch
 
     def _waiting(self) -> bool:
-        return self.to_settle > 0 or bool(self.carried) or not self.inbox.empty()
+        # A later batch in hand settles after this one: its ack can cover the held one.
+        later = len(self.flight) > 1
+        return self.to_settle > 0 or later or bool(self.carried) or not self.inbox.empty()
 
     def keep(self, future: asyncio.Future[object]) -> asyncio.Future[object]:
         # A delivery in hand runs to its ack even when the consumer is stopped: a graceful
@@ -165,21 +183,56 @@ class _Subscription:
             done = deliver_batch(taken, handle, self.unsettled, self.start, self.on_failure)
             await asyncio.shield(self.keep(asyncio.ensure_future(done)))
 
-    async def side_by_side(self, key: Together, most: int) -> None:
+    async def side_by_side(self, key: Together, most: int, depth: int) -> None:
         while True:
-            taken = [self.carried.pop() if self.carried else await self.inbox.get()]
-            seen = {key(taken[0])}
+            if self.failed is not None:
+                raise self.failed  # a settle failed: the channel is gone, subscribe again
+            if not self.carried:  # held there while it waits, so acks know more is coming
+                self.carried.append(await self.inbox.get())
+            await self._until_free(key(self.carried[-1]), depth)
+            first = self.carried.pop()
+            taken, seen, flying = [first], {key(first)}, self.flying_keys
             while None not in seen and not self.inbox.empty() and len(taken) < most:
                 message = self.inbox.get_nowait()
-                if (k := key(message)) in seen or k is None:
+                k = key(message)
+                if k is None or k in seen or k in flying:
                     self.carried.append(message)
                     break
                 seen.add(k)
                 taken.append(message)
-            await asyncio.shield(self.keep(asyncio.ensure_future(self._together(taken))))
+            self._start_batch(taken, seen)
 
-    async def _together(self, taken: list[AbstractIncomingMessage]) -> None:
-        """Handle at once, settle in queue order (each failure recorded before any settles)."""
+    @property
+    def flying_keys(self) -> set[str | None]:
+        return {k for batch in self.flight for k in batch.keys}
+
+    async def _until_free(self, k: str | None, depth: int) -> None:
+        """Wait (for the oldest batch in hand to settle) until a batch led by key ``k`` may
+        start: fewer than ``depth`` in hand, none of them holding ``k`` (None: none at all)."""
+        while self.flight and (
+            len(self.flight) >= depth
+            or k is None
+            or k in self.flying_keys
+            or None in self.flying_keys
+        ):
+            await asyncio.wait({self.flight[0].settled})
+
+    def _start_batch(self, taken: list[AbstractIncomingMessage], keys: set[str | None]) -> None:
+        before = self.flight[-1].settled if self.flight else None
+        batch = _Batch(keys, self.keep(asyncio.ensure_future(self._together(taken, before))))
+        self.flight.append(batch)
+        batch.settled.add_done_callback(functools.partial(self._landed, batch))
+
+    def _landed(self, batch: _Batch, settled: asyncio.Future[object]) -> None:
+        self.flight.remove(batch)
+        if not settled.cancelled() and settled.exception() is not None:
+            self.failed = settled.exception()
+
+    async def _together(
+        self, taken: list[AbstractIncomingMessage], before: asyncio.Future[object] | None
+    ) -> None:
+        """Handle at once, then settle in queue order, after the batch ``before`` (each failure
+        recorded before any settles)."""
         assert self.acks is not None
         outcomes: dict[int, Outcome] = {}
 
@@ -187,18 +240,20 @@ class _Subscription:
             outcomes[id(message)] = outcome
 
         await asyncio.gather(*(deliver(m, self.handler, self.on_failure, hold) for m in taken))
+        if before is not None:
+            await asyncio.wait({before})  # its failure, if any, is its own
         for i, message in enumerate(taken):
             self.to_settle = len(taken) - i - 1
             await self.acks.settle(message, outcomes[id(message)])
 
-    async def run(self, together: Together | None, most: int) -> None:
+    async def run(self, together: Together | None, most: int, depth: int = 1) -> None:
         channel = await self.bus.connection.channel()
         await channel.set_qos(prefetch_count=self.prefetch)
         worker = None
         if self.batch is not None:
             worker = asyncio.create_task(self.batches(self.batch, most))
         elif self.mode == "sequential" and together is not None:
-            worker = asyncio.create_task(self.side_by_side(together, most))
+            worker = asyncio.create_task(self.side_by_side(together, most, depth))
         elif self.mode == "sequential":
             worker = asyncio.create_task(self.one_by_one())
         tag: str | None = None

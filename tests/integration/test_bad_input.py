@@ -214,3 +214,38 @@ async def test_a_command_sent_straight_to_a_partition_is_checked_there_and_refus
         await pool.fetchval("SELECT count(*) FROM dead_letters WHERE order_id = $1", order_id) == 0
     )
     assert (await run_saga(client, stack, "refund", order_id, REFUND)).status == "completed"
+
+
+async def test_a_command_whose_order_header_names_another_order_is_refused(
+    stack: Stack, settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    """A partition keys its deliveries by the ``x-order-id`` header before it reads the body
+    (two of one order never in hand at once): a header naming another order could let a
+    command slip past a failed message of its own order, so it is refused, with a reply."""
+    topology = stack.bus.topology
+    async with Bus(settings) as bus:
+        channel = await bus.connection.channel()
+        replies = await channel.declare_queue(exclusive=True)
+        body = _hostile_start(order_id, reply_to=replies.name)
+        message = aio_pika.Message(
+            body, message_id=f"m-header-{order_id}", headers={"x-order-id": f"{order_id}-other"}
+        )
+        await bus.publish_raw(
+            topology.commands_exchange, topology.command_key("saga.start", order_id), message
+        )
+        answer = await eventually(
+            lambda: replies.get(fail=False, no_ack=True), lambda m: m is not None
+        )
+        assert answer is not None
+        await channel.close()
+    reply = json.loads(answer.body)
+    assert reply["type"] == "command.rejected"
+    assert f"header x-order-id '{order_id}-other' names another order" in reply["reason"]
+    [row] = await eventually(
+        lambda: pool.fetch(
+            "SELECT rule FROM rejections WHERE transport_id = $1", f"m-header-{order_id}"
+        ),
+        lambda rows: len(rows) == 1,
+    )
+    assert row["rule"] == "invalid_message"
+    assert await pool.fetchval("SELECT count(*) FROM sagas WHERE order_id = $1", order_id) == 0

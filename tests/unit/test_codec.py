@@ -5,19 +5,22 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from aio_pika.abc import AbstractIncomingMessage
 from pydantic import TypeAdapter
 
 from shared.codec import (
     COMMANDS,
     CONTENT_TYPE,
     PARTITION,
+    check_order_header,
     decode,
     encode,
     identify,
     message_to_amqp,
+    order_header,
     peek,
 )
 from shared.errors import InvalidMessage
@@ -437,3 +440,31 @@ def test_a_refusal_never_repeats_a_control_character_it_was_sent() -> None:
 
     reason = refused(body(raw), COMMANDS)
     assert first_unsafe(reason) is None and "a key" in reason
+
+
+class _Headers:
+    def __init__(self, headers: dict[str, object]) -> None:
+        self.headers = headers
+
+
+@pytest.mark.parametrize(
+    ("headers", "named"),
+    [
+        ({"x-order-id": "A-1"}, "A-1"),
+        ({"x-order-id": b"A-1"}, "A-1"),
+        ({"x-order-id": ""}, None),
+        ({"x-order-id": 7}, None),  # not text: the delivery goes alone
+        ({}, None),
+    ],
+)
+def test_the_order_header_names_an_order_or_none(headers: dict[str, object], named: str) -> None:
+    assert order_header(cast(AbstractIncomingMessage, _Headers(headers))) == named
+
+
+def test_an_order_header_naming_another_order_than_the_body_is_refused() -> None:
+    delivery = cast(AbstractIncomingMessage, _Headers({"x-order-id": "B-2\x1b"}))
+    with pytest.raises(InvalidMessage, match=r"header x-order-id 'B-2\\x1b' names another order "
+                       r"than the body's order_id 'A-1'"):  # fmt: skip
+        check_order_header(delivery, "A-1")
+    check_order_header(cast(AbstractIncomingMessage, _Headers({"x-order-id": "A-1"})), "A-1")
+    check_order_header(cast(AbstractIncomingMessage, _Headers({})), "A-1")

@@ -23,7 +23,7 @@ def header_key(delivery: AbstractIncomingMessage) -> str | None:
 
 
 async def handled_together(
-    orders: list[str | None], bad: str = ""
+    orders: list[str | None], bad: str = "", depth: int = 1
 ) -> tuple[list[list[str]], list[tuple[str, int, bool]]]:
     """Queue deliveries for ``orders`` (None: no order header), let the consumer take them,
     and say which ran side by side and what went on the wire."""
@@ -54,7 +54,7 @@ async def handled_together(
         delivery = Delivery(tag, wire)
         delivery.headers = {} if order is None else {"x-order-id": order}
         sub.inbox.put_nowait(cast(AbstractIncomingMessage, delivery))
-    worker = asyncio.create_task(sub.side_by_side(header_key, most=3))
+    worker = asyncio.create_task(sub.side_by_side(header_key, most=3, depth=depth))
     await asyncio.wait_for(all_handled.wait(), 5)
     await asyncio.wait_for(asyncio.gather(*sub.in_hand), 5)  # settled
     worker.cancel()
@@ -81,6 +81,115 @@ async def test_a_delivery_without_an_order_goes_alone() -> None:
 async def test_a_group_is_settled_in_queue_order_a_failure_on_its_own() -> None:
     _, wire = await handled_together(["a", "b", "c"], bad="m2")
     assert wire == [("ack", 1, False), ("requeue", 2, False), ("ack", 3, False)]
+
+
+class Gated:
+    """A partition consumer whose handler holds each delivery until the test releases it, and
+    a log of what started, failed and went on the wire, in the order it happened."""
+
+    def __init__(self, orders: list[str | None], depth: int, bad: str = "") -> None:
+        self.events: list[str] = []
+        self.release: dict[str, asyncio.Event] = {}
+        self.wire = Wire(self.events)
+        bus = cast(Bus, type("FakeBus", (), {"settings": Settings()})())
+
+        async def handler(delivery: AbstractIncomingMessage) -> None:
+            mid = delivery.message_id or ""
+            self.events.append(f"start {mid}")
+            await self.release.setdefault(mid, asyncio.Event()).wait()
+            if mid == bad:
+                raise RetryLater("not now")
+
+        async def failed(delivery: AbstractIncomingMessage, exc: BaseException, _: object) -> None:
+            await asyncio.sleep(0.01)  # recording a failure takes a round trip
+            self.events.append(f"failure of {delivery.message_id} recorded")
+
+        self.sub = _Subscription(
+            bus, "q", handler, prefetch=64, mode="sequential", on_failure=failed, batch=None
+        )
+        for tag, order in enumerate(orders, start=1):
+            delivery = Delivery(tag, self.wire)
+            delivery.headers = {} if order is None else {"x-order-id": order}
+            self.sub.inbox.put_nowait(cast(AbstractIncomingMessage, delivery))
+        self.worker = asyncio.create_task(self.sub.side_by_side(header_key, 2, depth))
+
+    async def let_go(self, *mids: str) -> None:
+        for mid in mids:
+            self.release.setdefault(mid, asyncio.Event()).set()
+        for _ in range(20):  # let everything that can run, run
+            await asyncio.sleep(0)
+
+    def started(self) -> list[str]:
+        return [e.removeprefix("start ") for e in self.events if e.startswith("start ")]
+
+    async def close(self) -> None:
+        await self.let_go(*(f"m{t}" for t in range(1, 20)))
+        await asyncio.wait_for(asyncio.gather(*self.sub.in_hand, return_exceptions=True), 5)
+        self.worker.cancel()
+
+
+class Wire(list[tuple[str, int, bool]]):
+    """The wire, also written into the shared event log."""
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    def append(self, item: tuple[str, int, bool]) -> None:
+        super().append(item)
+        self.events.append(f"{item[0]} {item[1]}")
+
+
+async def test_with_depth_two_the_next_batch_is_handed_in_while_the_first_runs() -> None:
+    gated = Gated(["a", "b", "c", "d", "e", "f"], depth=2)
+    await gated.let_go()
+    assert gated.started() == ["m1", "m2", "m3", "m4"]  # two batches of two, none settled
+    await gated.let_go("m3", "m4")
+    assert gated.wire == [], "the second batch settled before the first"
+    assert gated.started() == ["m1", "m2", "m3", "m4"], "a third batch while two are in hand"
+    await gated.let_go("m1", "m2")
+    assert gated.started() == ["m1", "m2", "m3", "m4", "m5", "m6"]
+    await gated.close()
+    assert gated.wire == [("ack", 6, True)]  # in queue order, one frame
+
+
+async def test_with_depth_two_a_delivery_of_an_order_in_hand_waits_and_so_does_what_follows() -> (
+    None
+):
+    gated = Gated(["a", "b", "a", "c"], depth=2)
+    await gated.let_go()
+    assert gated.started() == ["m1", "m2"]
+    await gated.let_go("m1")
+    assert gated.started() == ["m1", "m2"], "m3 started before m1 was settled"
+    await gated.let_go("m2")
+    assert gated.started() == ["m1", "m2", "m3", "m4"]
+    await gated.close()
+
+
+async def test_with_depth_two_a_failure_is_recorded_before_its_orders_next_delivery_starts() -> (
+    None
+):
+    gated = Gated(["a", "b", "a"], depth=2, bad="m1")
+    await gated.let_go("m1", "m2")
+    await asyncio.sleep(0.05)
+    await gated.close()
+    assert gated.events.index("failure of m1 recorded") < gated.events.index("start m3")
+    assert gated.events.index("requeue 1") < gated.events.index("start m3")
+    # m2's ack waits for m3's, which covers it: m3 was in hand, waiting for m1
+    assert gated.wire == [("requeue", 1, False), ("ack", 3, True)]
+
+
+async def test_with_depth_two_a_delivery_without_an_order_waits_for_all_and_all_for_it() -> None:
+    gated = Gated(["a", None, "b"], depth=2)
+    await gated.let_go()
+    assert gated.started() == ["m1"]
+    await gated.let_go("m1")
+    assert gated.started() == ["m1", "m2"]
+    await gated.let_go("m3")
+    assert gated.started() == ["m1", "m2"]
+    await gated.let_go("m2")
+    assert gated.started() == ["m1", "m2", "m3"]
+    await gated.close()
 
 
 class ClosedChannel(Delivery):
