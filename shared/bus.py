@@ -5,18 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, cast
 
 import aio_pika
 import aiormq
 import pamqp.commands
 from aio_pika.abc import (
     AbstractChannel,
-    AbstractExchange,
     AbstractRobustConnection,
 )
 
+from shared import frames
 from shared.cluster_connection import connect_cluster
 from shared.codec import message_to_amqp
 from shared.config import Settings
@@ -58,10 +58,10 @@ class Bus:
         self.user = user_of_url(self.url)
         self._connection: AbstractRobustConnection | None = None
         self._publisher: AbstractChannel | None = None
-        self._exchanges: dict[str, AbstractExchange] = {}
         self._proven: set[str] = set()  # exchanges a publish reached (see publish_many)
 
     async def connect(self) -> None:
+        frames.install(self.settings.coalesce_frames)
         self._connection = await connect_cluster(
             self.url, client_properties={"connection_name": f"saga {self.user or ''}".strip()}
         )
@@ -98,21 +98,36 @@ class Bus:
         finally:
             await channel.close()
 
-    async def _exchange(self, name: str) -> AbstractExchange:
+    async def _channel(self) -> tuple[AbstractChannel, aiormq.Channel]:
+        """The publishing channel, and aiormq's channel under it."""
         if self._publisher is None:
             raise RuntimeError("Bus is not connected")
         if self._publisher.is_closed:
             # The broker closes a channel on some errors (a publish to a deleted exchange):
             # reopen it so one bad message does not stop every later publish.
             await self._publisher.reopen()
-            self._exchanges.clear()
-        if name == "":
-            return self._publisher.default_exchange
-        exchange = self._exchanges.get(name)
-        if exchange is None:
-            exchange = await self._publisher.get_exchange(name, ensure=False)
-            self._exchanges[name] = exchange
-        return exchange
+        underlay = await self._publisher.get_underlay_channel()
+        # The concrete class: its basic_publish takes ``wait``, the abstract one's does not.
+        return self._publisher, cast(aiormq.Channel, underlay)
+
+    def _send(
+        self,
+        underlay: aiormq.Channel,
+        exchange: str,
+        routing_key: str,
+        message: aio_pika.Message,
+        mandatory: bool,
+    ) -> Awaitable[object]:
+        """What aio-pika's ``Exchange.publish`` does, but without waiting for the frame to be
+        written before the next publish on the channel may queue its own (aiormq's ``wait``):
+        a batch's frames then go out in one write (``shared.frames``), and what is awaited is
+        the broker's confirm, as before (a return or a nack still raises)."""
+        message.user_id = self.user
+        return underlay.basic_publish(
+            message.body, exchange=exchange, routing_key=routing_key,
+            properties=message.properties, mandatory=mandatory,
+            timeout=self.settings.publish_timeout_s, wait=False,
+        )  # fmt: skip
 
     async def publish_raw(
         self,
@@ -124,16 +139,10 @@ class Bus:
     ) -> None:
         """Publish and wait for the broker's confirm. Work routes (partitions, actions) must reach
         a queue, so they are mandatory: an unroutable message raises instead of vanishing."""
-        target = await self._exchange(exchange)
-        channel = self._publisher
-        message.user_id = self.user
+        channel, underlay = await self._channel()
+        must = self._mandatory(exchange) if mandatory is None else mandatory
         try:
-            await target.publish(
-                message,
-                routing_key,
-                mandatory=self._mandatory(exchange) if mandatory is None else mandatory,
-                timeout=self.settings.publish_timeout_s,
-            )
+            await self._send(underlay, exchange, routing_key, message, must)
         except aiormq.exceptions.DeliveryError as exc:
             await self._after_refusal(channel, [exc])
             raise
@@ -153,7 +162,6 @@ class Bus:
         self._publisher = await self.connection.channel(
             publisher_confirms=True, on_return_raises=True
         )
-        self._exchanges.clear()
         with contextlib.suppress(Exception):
             await channel.close()
 
@@ -189,22 +197,14 @@ class Bus:
                 return [None] * len(items)
             except Exception as exc:
                 return [exc]
-        # Exchanges first (a closed channel is reopened here, once): then each publish runs
-        # straight to aiormq's channel lock (FIFO), which writes its frames before the next
+        # The channel first (a closed one is reopened here, once): then each publish runs
+        # straight to aiormq's channel lock (FIFO), which queues its frames before the next
         # one's, so the order on the wire is the list's.
-        targets = [await self._exchange(exchange) for exchange, _, _ in items]
-        channel = self._publisher
-        for _, _, message in items:
-            message.user_id = self.user
+        channel, underlay = await self._channel()
         done = await asyncio.gather(
             *(
-                target.publish(
-                    message,
-                    routing_key,
-                    mandatory=self._mandatory(exchange),
-                    timeout=self.settings.publish_timeout_s,
-                )
-                for target, (exchange, routing_key, message) in zip(targets, items, strict=True)
+                self._send(underlay, exchange, routing_key, message, self._mandatory(exchange))
+                for exchange, routing_key, message in items
             ),
             return_exceptions=True,
         )
