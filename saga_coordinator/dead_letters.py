@@ -28,7 +28,14 @@ from pydantic import TypeAdapter
 from saga_coordinator.store import OutboxRow, Store, Tx
 from shared import logs, metrics, trust
 from shared.bus import Bus
-from shared.codec import COMMANDS, PARTITION, Identity, decode_incoming, identify_incoming
+from shared.codec import (
+    COMMANDS,
+    PARTITION,
+    Identity,
+    check_order_header,
+    decode_incoming,
+    identify_incoming,
+)
 from shared.config import Settings
 from shared.errors import InvalidMessage, RetryLater
 from shared.identity import Directory
@@ -257,6 +264,7 @@ class DeadLetterIngester:
         try:
             if kind == "intake" or death.exchange == self.bus.topology.commands_exchange:
                 command = decode_incoming(delivery, COMMANDS, limit)
+                check_order_header(delivery, getattr(command, "order_id", None))
                 trust.command_sender(self.directory, sender)
                 if isinstance(command, QuerySaga | DeskCommand):  # asks, changes no order
                     return Judgement(death.reason, False, getattr(command, "order_id", None))
@@ -264,6 +272,7 @@ class DeadLetterIngester:
                 return Judgement(death.reason, True, command.order_id, key)
             if kind == "partition":
                 message = decode_incoming(delivery, PARTITION, limit)
+                check_order_header(delivery, message.order_id)
                 trust.partition_message(self.directory, message, sender)
                 if partition_of(message.order_id, self.settings.partitions) != which:
                     raise InvalidMessage(f"order {message.order_id} is not routed to {death.queue}")
