@@ -154,14 +154,14 @@ class Settings(BaseSettings):
     # one ack); 1 handles each alone.
     adapter_batch: Count = 32
     partition_prefetch: Count = 64
-    # The AMQP frames queued together go out in one socket write (``shared.frames``).
-    coalesce_frames: bool = True
     # The most messages a partition hands to one group commit: those at its head, of distinct
     # orders; 1 hands them one at a time.
     partition_batch: Count = 32
     # How many such batches a partition has in hand at once: the next is handed in while the
     # one before commits (never two messages of one order); 1 waits for each batch's outcome.
     partition_depth: Count = 2
+    # The AMQP frames queued together go out in one socket write (``shared.frames``).
+    coalesce_frames: bool = True
     relay_batch: Count = 200
     relay_poll_s: Seconds = 0.5
     # A row the coordinator wrote to publish itself, still there after this long, is the

@@ -209,12 +209,10 @@ class _Subscription:
     async def _until_free(self, k: str | None, depth: int) -> None:
         """Wait (for the oldest batch in hand to settle) until a batch led by key ``k`` may
         start: fewer than ``depth`` in hand, none of them holding ``k`` (None: none at all)."""
-        while self.flight and (
-            len(self.flight) >= depth
-            or k is None
-            or k in self.flying_keys
-            or None in self.flying_keys
-        ):
+        while self.flight:
+            flying = self.flying_keys
+            if len(self.flight) < depth and k is not None and not {k, None} & flying:
+                return
             await asyncio.wait({self.flight[0].settled})
 
     def _start_batch(self, taken: list[AbstractIncomingMessage], keys: set[str | None]) -> None:

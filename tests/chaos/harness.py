@@ -47,11 +47,10 @@ from tests.chaos.load import (
     plan_load,
     saga_plans,
 )
-from tests.chaos.monkey import MIN_UPTIME_BEFORE_BROKER_CRASH_S, Monkey, chaos_catalog
+from tests.chaos.monkey import MIN_UPTIME_BEFORE_BROKER_CRASH_S, Monkey, Say, chaos_catalog
 from tests.chaos.processes import ProcessExit, Supervisor
 from tests.chaos.summary import summarize, violation_lines
 
-Say = Callable[[str], None]
 Disruption = Callable[["ChaosSystem", Say], Coroutine[Any, Any, None]]
 NAMESPACE = "chaos"
 # Once every saga is final, wait this long before looking: a late duplicate still in flight
