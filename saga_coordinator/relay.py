@@ -13,7 +13,6 @@ import json
 import logging
 from typing import Any
 
-import aio_pika
 import asyncpg
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS as AMQP_AWAY
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
@@ -21,7 +20,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from saga_coordinator.dead_letters import bury_unroutable
 from saga_coordinator.store import RELAY_LOCK, Conn, Q, Tx
 from shared.bus import Bus, refused_for_now, unroutable
-from shared.codec import to_amqp
+from shared.codec import Outgoing, to_amqp
 from shared.config import Settings
 from shared.crashpoints import crash_point
 from shared.logs import log_debug
@@ -174,7 +173,7 @@ def _say_retry(state: RetryCallState) -> None:
                 exc_info=None if away or log_debug() else error)  # fmt: skip
 
 
-def _message(row: asyncpg.Record) -> aio_pika.Message:
+def _message(row: asyncpg.Record) -> Outgoing:
     return to_amqp(
         row["body"],
         message_id=row["message_id"],

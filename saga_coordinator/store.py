@@ -16,14 +16,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-import aio_pika
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.register import SagaState
-from shared.codec import Identity, peek, to_amqp
+from shared.codec import Identity, Outgoing, peek, to_amqp
 from shared.errors import RetryLater
 from shared.failures import Q as FQ
 from shared.messages import Envelope, Outbound
@@ -48,7 +47,7 @@ class OutboxRow:
     body: bytes
     headers: dict[str, Any] = field(default_factory=dict)
 
-    def amqp(self) -> aio_pika.Message:
+    def amqp(self) -> Outgoing:
         return to_amqp(
             self.body, message_id=self.message_id, message_type=self.message_type,
             order_id=self.order_id, headers=self.headers,

@@ -18,7 +18,7 @@ from aio_pika.abc import (
 
 from shared import frames
 from shared.cluster_connection import connect_cluster
-from shared.codec import message_to_amqp
+from shared.codec import Outgoing, message_to_amqp
 from shared.config import Settings
 from shared.consumer import consume
 from shared.identity import amqp_url_for, user_of_url
@@ -27,6 +27,10 @@ from shared.ports import Publisher
 from shared.topology import Topology
 
 log = logging.getLogger(__name__)
+
+# What ``Bus`` publishes: the codec's messages, or aio-pika's own (tools, tests).
+Publishable = Outgoing | aio_pika.Message
+Item = tuple[str, str, Publishable]  # exchange, routing key, message
 
 
 def refused_for_now(error: BaseException) -> bool:
@@ -115,17 +119,22 @@ class Bus:
         underlay: aiormq.Channel,
         exchange: str,
         routing_key: str,
-        message: aio_pika.Message,
+        message: Publishable,
         mandatory: bool,
     ) -> Awaitable[object]:
         """What aio-pika's ``Exchange.publish`` does, but without waiting for the frame to be
         written before the next publish on the channel may queue its own (aiormq's ``wait``):
         a batch's frames then go out in one write (``shared.frames``), and what is awaited is
         the broker's confirm, as before (a return or a nack still raises)."""
-        message.user_id = self.user
+        if isinstance(message, Outgoing):
+            properties = message.properties
+            properties.user_id = self.user
+        else:
+            message.user_id = self.user
+            properties = message.properties
         return underlay.basic_publish(
             message.body, exchange=exchange, routing_key=routing_key,
-            properties=message.properties, mandatory=mandatory,
+            properties=properties, mandatory=mandatory,
             timeout=self.settings.publish_timeout_s, wait=False,
         )  # fmt: skip
 
@@ -133,7 +142,7 @@ class Bus:
         self,
         exchange: str,
         routing_key: str,
-        message: aio_pika.Message,
+        message: Publishable,
         *,
         mandatory: bool | None = None,
     ) -> None:
@@ -168,16 +177,14 @@ class Bus:
     def _mandatory(self, exchange: str) -> bool:
         return exchange not in ("", self.topology.events_exchange)
 
-    async def publish_many(
-        self, items: Sequence[tuple[str, str, aio_pika.Message]]
-    ) -> list[BaseException | None]:
+    async def publish_many(self, items: Sequence[Item]) -> list[BaseException | None]:
         """Publish a batch, each in the list's order, and say per item ``None`` (confirmed) or
         the error. Publishes to exchanges that have confirmed one before are pipelined: one
         confirm round trip for the lot. A publish to any other exchange goes alone: were the
         exchange missing, the broker would close the channel, and a publish already sent
         behind it would turn that into closing the whole connection."""
         results: list[BaseException | None] = []
-        run: list[tuple[str, str, aio_pika.Message]] = []
+        run: list[Item] = []
         for item in items:
             if item[0] in self._proven:
                 run.append(item)
@@ -187,9 +194,7 @@ class Bus:
             results += await self._pipeline([item])
         return results + await self._pipeline(run)
 
-    async def _pipeline(
-        self, items: Sequence[tuple[str, str, aio_pika.Message]]
-    ) -> list[BaseException | None]:
+    async def _pipeline(self, items: Sequence[Item]) -> list[BaseException | None]:
         if len(items) <= 1:
             try:
                 for item in items:
@@ -222,9 +227,7 @@ class Bus:
     ) -> None:
         await self.publish_raw(exchange, routing_key, message_to_amqp(message, headers))
 
-    def for_partition(
-        self, message: Envelope, headers: dict[str, Any] | None = None
-    ) -> tuple[str, str, aio_pika.Message]:
+    def for_partition(self, message: Envelope, headers: dict[str, Any] | None = None) -> Item:
         """``message`` addressed to its order's partition, ready for ``publish_many``."""
         key = self.topology.partition_key(message.order_id)
         return self.topology.partitions_exchange, key, message_to_amqp(message, headers)

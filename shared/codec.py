@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import aio_pika
+import pamqp.commands
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import TypeAdapter, ValidationError
 
@@ -28,6 +28,7 @@ T = TypeVar("T")
 COMMANDS: TypeAdapter[Command] = TypeAdapter(Command)
 PARTITION: TypeAdapter[PartitionMessage] = TypeAdapter(PartitionMessage)
 CONTENT_TYPE = "application/json"
+PERSISTENT = 2  # AMQP delivery mode: the broker writes the message to disk
 
 # The shape any body must keep to. Real messages are a few levels deep and a few dozen values;
 # these bounds leave room and stop a hostile body long before it costs anything.
@@ -48,6 +49,23 @@ def encode(message: Outbound) -> bytes:
     return message.model_dump_json().encode()
 
 
+class Outgoing:
+    """A message ready to publish: its body and its AMQP properties, built at once. aio-pika's
+    ``Message`` builds the same properties through a hook on every attribute and again on every
+    read (about 8% of an adapter's CPU under load, py-spy); this is what ``Bus`` publishes. Its
+    properties belong to it: ``Bus`` stamps the publishing user on them."""
+
+    __slots__ = ("body", "properties")
+
+    def __init__(self, body: bytes, properties: pamqp.commands.Basic.Properties) -> None:
+        self.body = body
+        self.properties = properties
+
+    def __repr__(self) -> str:
+        p = self.properties
+        return f"Outgoing({p.message_type} {p.message_id}, {len(self.body)} bytes)"
+
+
 def to_amqp(
     body: bytes,
     *,
@@ -55,19 +73,21 @@ def to_amqp(
     message_type: str,
     order_id: str,
     headers: dict[str, Any] | None = None,
-) -> aio_pika.Message:
+) -> Outgoing:
     """Build the AMQP message from an encoded body (the outbox stores bodies, not models)."""
-    return aio_pika.Message(
+    return Outgoing(
         body,
-        content_type=CONTENT_TYPE,
-        message_id=message_id,
-        type=message_type,
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-        headers={"x-order-id": order_id, **(headers or {})},
+        pamqp.commands.Basic.Properties(
+            content_type=CONTENT_TYPE,
+            delivery_mode=PERSISTENT,
+            message_id=message_id,
+            message_type=message_type,
+            headers={"x-order-id": order_id, **(headers or {})},
+        ),
     )
 
 
-def message_to_amqp(message: Outbound, headers: dict[str, Any] | None = None) -> aio_pika.Message:
+def message_to_amqp(message: Outbound, headers: dict[str, Any] | None = None) -> Outgoing:
     return to_amqp(
         encode(message),
         message_id=message.message_id,

@@ -12,15 +12,12 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 
-from shared.bus import Bus, refused_for_now, unroutable
+from shared.bus import Bus, Item, refused_for_now, unroutable
 
 log = logging.getLogger(__name__)
-
-Item = tuple[str, str, aio_pika.Message]
 
 
 def worth_waiting(error: BaseException) -> bool:

@@ -186,11 +186,12 @@ def test_amqp_message_carries_id_type_order_and_persistence() -> None:
     amqp = message_to_amqp(message)
 
     assert amqp.body == encode(message)
-    assert amqp.message_id == message.message_id
-    assert amqp.type == "saga.abort"
-    assert amqp.content_type == CONTENT_TYPE
-    assert amqp.headers == {"x-order-id": "order-7"}
-    assert int(amqp.delivery_mode) == 2
+    p = amqp.properties
+    assert p.message_id == message.message_id
+    assert p.message_type == "saga.abort"
+    assert p.content_type == CONTENT_TYPE
+    assert p.headers == {"x-order-id": "order-7"}
+    assert p.delivery_mode == 2
 
 
 # --- refusals ------------------------------------------------------------------------------------
