@@ -241,3 +241,33 @@ async def test_outbox_rows_are_kept_in_the_order_written(impl: Impl) -> None:
         return [row for _, row in tx.sent]  # type: ignore[attr-defined]
 
     assert await impl.run(write) == rows
+
+
+async def test_published_rows_go_with_the_next_transaction_and_stay_if_it_fails(
+    pool: asyncpg.Pool,
+) -> None:
+    """The committing task publishes its rows itself and hands their ids to its next
+    transaction, which deletes them in its own last statement (a claim does not wait for
+    it); a transaction that fails deletes nothing, so the relay still has them."""
+    store = Store(pool)
+    saga_id, order_id = ids()
+    rows = [OutboxRow.of("contract.test", f"k{i}", message(saga_id, order_id)) for i in range(2)]
+
+    async def write(tx: Transaction) -> None:
+        tx.outbox(rows)
+
+    _, sent = await store.run_publishing(write)
+    published = [i for i, _ in sent]
+
+    async def claim_then_fail(tx: Transaction) -> None:
+        await tx.claim([message(saga_id, order_id)])
+        raise RuntimeError("work failed")
+
+    async def left() -> int:
+        return int(await pool.fetchval("SELECT count(*) FROM outbox WHERE id = ANY($1)", published))
+
+    with pytest.raises(RuntimeError):
+        await store.run_publishing(claim_then_fail, delete=published)
+    assert await left() == 2
+    await store.run_publishing(lambda tx: tx.claim([message(saga_id, order_id)]), delete=published)
+    assert await left() == 0
