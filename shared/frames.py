@@ -7,7 +7,8 @@ waiting in its queue as one payload: the same bytes in the same order, in one ca
 broker reads them in one packet instead of one each.
 
 Installed by ``install()`` (``Bus.connect`` calls it) by replacing the frame source aiormq's
-writer iterates, the one module global it looks up there; nothing else of aiormq changes.
+writer iterates, the one module global it looks up there, and by giving its write queue room
+for a whole batch; nothing else of aiormq changes.
 ``SAGA_COALESCE_FRAMES=0`` leaves aiormq's own."""
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from typing import Any
 import aiormq.connection
 
 _ORIGINAL = aiormq.connection.FrameGenerator
+_ORIGINAL_QUEUE = aiormq.connection.Connection.FRAME_BUFFER_SIZE
+# aiormq's write queue holds 10 publishes; a batch of 32 (a partition's head, an adapter's
+# outcomes) was then 4 writes. With room for 64 it is one; the queue stays bounded, so a
+# publisher faster than the socket still waits, as before.
+QUEUE_FRAMES = 64
 # A payload grows to about this before it is written: the broker's default frame_max, so one
 # write never holds up a heartbeat for long.
 MOST_BYTES = 128 * 1024
@@ -52,7 +58,7 @@ class CoalescingFrames(_ORIGINAL):
             return first
         # Turns of the loop while frames keep coming: the other tasks publishing or acking now
         # queue theirs (publishes on one channel take its lock in turn, one a turn), until
-        # aiormq's queue is full (10 frames: its back-pressure stays as it was).
+        # aiormq's queue is full (``QUEUE_FRAMES``: its back-pressure stays).
         queue: asyncio.Queue[Any] = self.queue
         waiting = -1
         while queue.qsize() != waiting and not queue.full():
@@ -74,3 +80,4 @@ class CoalescingFrames(_ORIGINAL):
 def install(enabled: bool) -> None:
     """Coalesce (or stop coalescing) the frames of every connection opened from now on."""
     setattr(aiormq.connection, "FrameGenerator", CoalescingFrames if enabled else _ORIGINAL)  # noqa: B010
+    aiormq.connection.Connection.FRAME_BUFFER_SIZE = QUEUE_FRAMES if enabled else _ORIGINAL_QUEUE

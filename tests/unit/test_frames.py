@@ -52,7 +52,7 @@ async def test_frames_queued_in_the_next_turns_join_the_write() -> None:
 
 
 async def test_a_full_queue_is_written_at_once() -> None:
-    # aiormq's queue holds ten: once it is full the write goes, without waiting for more
+    # once the queue (ten here) is full the write goes, without waiting for more
     tens = [frame(bytes([i])) for i in range(10)]
     later = (frame(b"y"), frame(b"z"))
     assert await writes(*tens, later=later) == [bytes(range(10)) + b"y", b"z"]
@@ -77,7 +77,9 @@ def test_install_swaps_the_frame_source_aiormqs_writer_iterates() -> None:
     try:
         frames.install(True)
         assert aiormq.connection.FrameGenerator is CoalescingFrames
+        assert aiormq.connection.Connection.FRAME_BUFFER_SIZE == frames.QUEUE_FRAMES
         frames.install(False)
         assert aiormq.connection.FrameGenerator is original
+        assert aiormq.connection.Connection.FRAME_BUFFER_SIZE == 10
     finally:
         frames.install(True)
