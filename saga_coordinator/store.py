@@ -132,7 +132,7 @@ class Tx:
     async def claim(self, messages: Sequence[Envelope]) -> list[Claim]:
         """Inbox rows, order locks and saga locks of a batch (one message per order at most)
         in one round trip; the claims come in the batch's order."""
-        await self.flush(before_read=True)
+        await self.flush(before_statement=True)
         rows = await self.conn.fetch(
             Q.claim,
             [m.order_id for m in messages],
@@ -149,7 +149,7 @@ class Tx:
         ]
 
     async def lock_order(self, order_id: str) -> OrderView:
-        await self.flush(before_read=True)
+        await self.flush(before_statement=True)
         row = await self.conn.fetchrow(Q.order_lock, order_id)
         assert row is not None
         return _order_view(order_id, row)
@@ -159,7 +159,7 @@ class Tx:
 
     async def block(self, order_id: str, message_id: str, state: str, reason: str) -> int:
         """Block the order by this message; returns the block's arrival number."""
-        await self.flush(before_read=True)
+        await self.flush(before_statement=True)
         arrival = await self.conn.fetchval(
             FQ.block_upsert, order_id, message_id, state, clean(reason, 2000)
         )
@@ -167,14 +167,14 @@ class Tx:
 
     async def unblock(self, order_id: str, message_id: str) -> int | None:
         """Lift a block; returns its arrival number (None when there was none)."""
-        await self.flush(before_read=True)
+        await self.flush(before_statement=True)
         arrival = await self.conn.fetchval(Q.block_delete, order_id, message_id)
         return None if arrival is None else int(arrival)
 
     async def park(
         self, message: Envelope, seq: int | None, reason: str, arrival: int | None = None
     ) -> None:
-        await self.flush(before_read=True)
+        await self.flush(before_statement=True)
         body = message.model_dump_json().encode()
         await self.conn.execute(
             Q.park_insert, message.order_id, message.message_id, message.type, seq, reason, body,
@@ -186,7 +186,7 @@ class Tx:
     ) -> tuple[bool, str | None]:
         """For a message an operator replayed (``x-replay-of``): whether that dead letter is
         being replayed, and who first sent it."""
-        await self.flush(before_read=True)
+        await self.flush(before_statement=True)
         return await _original_sender(self.conn, header, message_id, dead_too)
 
     def refusal(self, message: Envelope, rule: str, reason: str, sender: str | None) -> None:
@@ -199,7 +199,7 @@ class Tx:
         )  # fmt: skip
 
     async def parked(self, order_id: str) -> list[Parked]:
-        await self.flush(before_read=True)
+        await self.flush(before_statement=True)
         rows = await self.conn.fetch(Q.parked_for_order, order_id)
         return [
             Parked(
@@ -215,22 +215,22 @@ class Tx:
         ]
 
     async def unpark(self, parked_id: int) -> None:
-        await self.flush(before_read=True)
+        await self.flush(before_statement=True)
         await self.conn.execute(Q.parked_delete, parked_id)
 
     async def lock_saga(self, saga_id: str) -> SagaState | None:
-        await self.flush(before_read=True)
+        await self.flush(before_statement=True)
         raw = await self.conn.fetchval(Q.saga_lock, saga_id)
         return None if raw is None else SagaState.model_validate_json(raw)
 
     async def next_waiting(self, order_id: str) -> SagaState | None:
-        await self.flush(before_read=True)
+        await self.flush(before_statement=True)
         raw = await self.conn.fetchval(Q.waiting_next, order_id)
         return None if raw is None else SagaState.model_validate_json(raw)
 
     async def waiting_for(self, order_id: str, saga_id: str) -> None:
         """The sagas still waiting on an order now wait for ``saga_id``."""
-        await self.flush(before_read=True)
+        await self.flush(before_statement=True)
         await self.conn.execute(Q.waiting_for_update, order_id, saga_id)
 
     def save_saga(self, state: SagaState, *, now: datetime) -> None:
@@ -252,16 +252,17 @@ class Tx:
     def outbox(self, rows: Sequence[OutboxRow]) -> None:
         self._outbox.extend(rows)
 
-    async def flush(self, *, before_read: bool = False) -> None:
+    async def flush(self, *, before_statement: bool = False) -> None:
         """Send the buffered writes, if any, as one statement (refusals, rare, as another).
-        ``before_read``: a read needs only the writes it may see; the deletion of published
-        outbox rows, which no statement here reads, waits for the next write (at the latest
-        the transaction's last), instead of costing a round trip of its own before the claim."""
+        ``before_statement``: another statement follows, which needs only the writes it may
+        see or depend on; the deletion of published outbox rows, which none of them reads,
+        waits for the next write (at the latest the transaction's last) instead of costing a
+        round trip of its own before the claim."""
         if self._refusals:
             refusals, self._refusals = self._refusals, []
             await self.conn.execute(Q.rejection_record_refusal, *_columns(refusals, 8))
         writes = self._sagas or self._deadlines or self._outbox or self._log or self._orders
-        if not writes and (before_read or not self._delete):
+        if not writes and (before_statement or not self._delete):
             return
         sagas, deadlines, out, log_rows, orders = (
             list(self._sagas.values()), self._deadlines, self._outbox, self._log,

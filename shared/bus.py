@@ -126,12 +126,8 @@ class Bus:
         written before the next publish on the channel may queue its own (aiormq's ``wait``):
         a batch's frames then go out in one write (``shared.frames``), and what is awaited is
         the broker's confirm, as before (a return or a nack still raises)."""
-        if isinstance(message, Outgoing):
-            properties = message.properties
-            properties.user_id = self.user
-        else:
-            message.user_id = self.user
-            properties = message.properties
+        properties = message.properties  # aio-pika's Message builds a new one on each read
+        properties.user_id = self.user
         return underlay.basic_publish(
             message.body, exchange=exchange, routing_key=routing_key,
             properties=properties, mandatory=mandatory,

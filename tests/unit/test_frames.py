@@ -80,6 +80,6 @@ def test_install_swaps_the_frame_source_aiormqs_writer_iterates() -> None:
         assert aiormq.connection.Connection.FRAME_BUFFER_SIZE == frames.QUEUE_FRAMES
         frames.install(False)
         assert aiormq.connection.FrameGenerator is original
-        assert aiormq.connection.Connection.FRAME_BUFFER_SIZE == 10
+        assert aiormq.connection.Connection.FRAME_BUFFER_SIZE == frames._ORIGINAL_QUEUE
     finally:
         frames.install(True)
