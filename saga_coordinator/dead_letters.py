@@ -25,7 +25,8 @@ import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import TypeAdapter
 
-from saga_coordinator.store import OutboxRow, Store, Tx
+from saga_coordinator.rows import OutboxRow
+from saga_coordinator.store import Store, Tx
 from shared import logs, metrics, trust
 from shared.bus import Bus
 from shared.codec import (

@@ -22,7 +22,8 @@ from pydantic import JsonValue, TypeAdapter
 
 from saga_coordinator.dead_letters import REPLAY_HEADER, Q
 from saga_coordinator.processor import Processor
-from saga_coordinator.store import OutboxRow, Store, Tx
+from saga_coordinator.rows import OutboxRow
+from saga_coordinator.store import Store, Tx
 from shared.errors import SagaError
 from shared.messages import (
     ActionFailed,

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, TypeVar
 from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.ports import Transaction
 from saga_coordinator.register import SagaState
-from saga_coordinator.store import Claim, OutboxRow, Parked
+from saga_coordinator.rows import Claim, OutboxRow, Parked
 from shared.messages import DeadlineReached, Envelope
 
 T = TypeVar("T")

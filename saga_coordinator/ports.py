@@ -11,7 +11,8 @@ from typing import Protocol
 
 from saga_coordinator.convoy import OrderView
 from saga_coordinator.register import SagaState
-from saga_coordinator.store import Claim, OutboxRow, Parked, Tx
+from saga_coordinator.rows import Claim, OutboxRow, Parked
+from saga_coordinator.store import Tx
 from shared.messages import Envelope
 
 

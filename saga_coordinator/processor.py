@@ -21,12 +21,12 @@ from saga_coordinator.convoy import OrderView, Verdict
 from saga_coordinator.machine import begin, decide
 from saga_coordinator.ports import Transaction as Tx
 from saga_coordinator.register import SagaState
-from saga_coordinator.store import Claim, OutboxRow
-from saga_coordinator.transition import Reply, Transition
+from saga_coordinator.rows import Claim, OutboxRow
+from saga_coordinator.transition import Event, Reply, Transition
 from shared import metrics, tracing
 from shared.catalog import Catalog
 from shared.codec import PARTITION
-from shared.messages import ActionRequest, CommandReply, PartitionMessage, SagaEvent
+from shared.messages import ActionRequest, CommandReply, PartitionMessage
 from shared.topology import Topology
 
 _PARTITION: TypeAdapter[PartitionMessage] = PARTITION
@@ -37,15 +37,15 @@ def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
     to the public topic exchange under their type (those ``SAGA_EVENTS`` chose)."""
     rows = []
     for item in transition.out:
-        if isinstance(item, SagaEvent):
-            _count(item)
         if isinstance(item, Reply):
             rows.append(OutboxRow.of("", item.to, item.message))
         elif isinstance(item, ActionRequest):
             service = item.action.split(".", 1)[0]
             rows.append(OutboxRow.of(topology.actions_exchange, service, item))
-        elif topology.publishes(item.type):
-            rows.append(OutboxRow.of(topology.events_exchange, item.type, item))
+        else:
+            _count(item)
+            if topology.publishes(item.type):
+                rows.append(OutboxRow.of(topology.events_exchange, item.type, item.message()))
     carried = tracing.headers_of()  # the current span's context goes with every message
     return [replace(row, headers={**row.headers, **carried}) for row in rows] if carried else rows
 
@@ -53,7 +53,7 @@ def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
 FINISHED = frozenset({"saga.completed", "saga.compensated", "saga.resolved", "saga.needs_human"})
 
 
-def _count(event: SagaEvent) -> None:
+def _count(event: Event) -> None:
     # In the transaction: one retried after a database error counts its events again.
     if event.type == "saga.started":
         metrics.SAGAS_STARTED.labels(event.saga).inc()

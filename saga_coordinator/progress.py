@@ -109,6 +109,6 @@ def stop_at_gate(state: SagaState, step: Step, now: datetime, out: list[Outgoing
         f"waiting for approval before {step.action}; on no decision within "
         f"{step.gate.timeout_s:g}s it will {step.gate.on_timeout}"
     )
-    stop = event(state, "saga.awaiting_approval", now, step, detail=detail)
-    out.append(stop.model_copy(update={"stakes": state.stakes()}))
+    out.append(event(state, "saga.awaiting_approval", now, step, detail=detail,
+                     stakes=state.stakes()))  # fmt: skip
     return state

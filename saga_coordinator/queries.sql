@@ -8,10 +8,12 @@
 -- For each message of a batch (at most one per order): its inbox row (absent for a duplicate),
 -- then its order's row, created on first sight and locked, in order_id order so that two
 -- batches never wait for each other in a circle; every message of one order is handled under
--- this lock, so two consumers can never interleave one order. The saga row is locked after.
+-- this lock, so two consumers can never interleave one order. The saga row is locked after;
+-- its register comes only when its row version (xmin) differs from the one the caller holds
+-- ($4, '' for none: see saga_coordinator.cache).
 WITH input AS (
-    SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY
-        AS i (order_id, message_id, saga_id, n)
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY
+        AS i (order_id, message_id, saga_id, known, n)
 ), fresh AS (
     INSERT INTO inbox (message_id, saga_id) SELECT message_id, saga_id FROM input
     ON CONFLICT (message_id) DO NOTHING
@@ -29,8 +31,13 @@ SELECT l.order_id, l.active_saga_id, l.next_seq, l.handled,
     EXISTS (SELECT 1 FROM sagas w WHERE w.order_id = i.order_id AND w.status = 'waiting')
         AS has_waiting,
     EXISTS (SELECT 1 FROM fresh f WHERE f.message_id = i.message_id) AS fresh,
-    (SELECT state::text FROM sagas s WHERE s.saga_id = i.saga_id FOR UPDATE) AS saga
+    s.version, s.saga
 FROM input i JOIN locked l ON l.order_id = i.order_id
+LEFT JOIN LATERAL (
+    SELECT xmin::text AS version,
+           CASE WHEN xmin::text = i.known THEN NULL ELSE state::text END AS saga
+    FROM sagas WHERE saga_id = i.saga_id FOR UPDATE
+) s ON true
 ORDER BY i.n;
 
 -- name: write_batch
@@ -43,6 +50,7 @@ WITH saved AS (
         AS s (saga_id, order_id, saga, status, state)
     ON CONFLICT (saga_id) DO UPDATE
     SET status = EXCLUDED.status, state = EXCLUDED.state, updated_at = EXCLUDED.updated_at
+    RETURNING saga_id, xmin::text AS version
 ), armed AS (
     INSERT INTO deadlines (saga_id, order_id, step, phase, idempotency_key, attempt, due_at)
     SELECT d.* FROM unnest($7::text[], $8::text[], $9::int[], $10::text[], $11::text[],
@@ -84,9 +92,13 @@ WITH saved AS (
         AS v (order_id, active_saga_id, next_seq, handled)
     WHERE o.order_id = v.order_id
 )
--- The ids of the rows written, in the list's order (ids grow with it); and, for rows the relay
--- publishes, its wake-up, delivered at commit, so it never sees a row before it is visible.
+-- The ids of the rows written, in the list's order (ids grow with it); the sagas' new row
+-- versions, in theirs; and, for rows the relay publishes, its wake-up, delivered at commit, so
+-- it never sees a row before it is visible.
 SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM sent) AS ids,
+       (SELECT coalesce(array_agg(v.version ORDER BY s.n), '{}')
+        FROM saved v JOIN unnest($1::text[]) WITH ORDINALITY AS s (saga_id, n)
+            ON s.saga_id = v.saga_id) AS versions,
        (SELECT pg_notify('saga_outbox', '') WHERE cardinality($14::text[]) > 0 AND NOT $31)
            AS woken;
 

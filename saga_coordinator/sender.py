@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from saga_coordinator.store import OutboxRow
+from saga_coordinator.rows import OutboxRow
 from shared.bus import Bus
 from shared.crashpoints import crash_point
 

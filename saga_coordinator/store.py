@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -20,12 +19,14 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from saga_coordinator.cache import RegisterCache
 from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.register import SagaState
-from shared.codec import Identity, Outgoing, peek, to_amqp
+from saga_coordinator.rows import Claim, OutboxRow, Parked
+from shared.codec import Identity, peek
 from shared.errors import RetryLater
 from shared.failures import Q as FQ
-from shared.messages import Envelope, Outbound
+from shared.messages import Envelope
 from shared.sql import TRANSIENT_DB_ERRORS, Queries, is_transient
 from shared.text import clean
 
@@ -35,40 +36,6 @@ DQ = Queries(Path(__file__).with_name("dead_letters.sql"))
 RELAY_LOCK = 0x5A6A0B
 T = TypeVar("T")
 Conn = asyncpg.Connection | PoolConnectionProxy
-
-
-@dataclass(frozen=True)
-class OutboxRow:
-    exchange: str
-    routing_key: str
-    message_id: str
-    message_type: str
-    order_id: str
-    body: bytes
-    headers: dict[str, Any] = field(default_factory=dict)
-
-    def amqp(self) -> Outgoing:
-        return to_amqp(
-            self.body, message_id=self.message_id, message_type=self.message_type,
-            order_id=self.order_id, headers=self.headers,
-        )  # fmt: skip
-
-    @classmethod
-    def of(cls, exchange: str, routing_key: str, message: Outbound) -> OutboxRow:
-        body = message.model_dump_json().encode()
-        order_id = getattr(message, "order_id", None) or ""
-        return cls(exchange, routing_key, message.message_id, message.type, order_id, body)
-
-
-@dataclass(frozen=True)
-class Parked:
-    id: int
-    message_id: str
-    message_type: str
-    seq: int | None
-    reason: str
-    body: bytes
-    arrival: int = 0
 
 
 def _dead_letter_id(header: object) -> int | None:
@@ -88,15 +55,6 @@ async def _original_sender(
     return (False, None) if row is None else (True, row["sender"])
 
 
-@dataclass(frozen=True)
-class Claim:
-    """What ``Tx.claim`` read under the locks."""
-
-    fresh: bool  # False: the inbox already had this message
-    order: OrderView
-    saga: SagaState | None
-
-
 class _Deadline(NamedTuple):
     order_id: str
     step: int
@@ -113,13 +71,20 @@ class Tx:
     statement, before the next read and at the end of ``Store.run``: one round trip instead of
     one per row. A statement sent on ``conn`` directly must not depend on them."""
 
-    def __init__(self, conn: Conn, *, direct: bool = False, delete: Sequence[int] = ()) -> None:
+    def __init__(
+        self, conn: Conn, *, direct: bool = False, delete: Sequence[int] = (),
+        cache: RegisterCache | None = None,
+    ) -> None:  # fmt: skip
         """``direct``: the committing task publishes the outbox rows itself, right after the
         commit (the relay takes them only if it does not); ``delete``: ids of rows it published
-        since, deleted with this transaction's first write."""
+        since, deleted with this transaction's first write; ``cache``: registers the claim
+        need not read again, and where the ones written go once committed."""
         self.conn = conn
         self.direct = direct
         self._delete = list(delete)
+        self._cache = cache
+        self._written: dict[str, tuple[str, SagaState]] = {}  # saga id -> (row version, register)
+        self._uncached: set[str] = set()  # orders whose registers a direct statement changed
         self.sent: list[tuple[int, OutboxRow]] = []  # the outbox rows written, with their ids
         self._sagas: dict[str, SagaState] = {}
         self._deadlines: dict[str, _Deadline] = {}
@@ -133,19 +98,18 @@ class Tx:
         """Inbox rows, order locks and saga locks of a batch (one message per order at most)
         in one round trip; the claims come in the batch's order."""
         await self.flush(before_statement=True)
+        cache = self._cache
+        held = [cache.get(m.saga_id) if cache is not None else None for m in messages]
         rows = await self.conn.fetch(
             Q.claim,
             [m.order_id for m in messages],
             [m.message_id for m in messages],
             [m.saga_id for m in messages],
+            [entry[0] if entry is not None else "" for entry in held],
         )
         return [
-            Claim(
-                row["fresh"],
-                _order_view(row["order_id"], row),
-                None if row["saga"] is None else SagaState.model_validate_json(row["saga"]),
-            )
-            for row in rows
+            Claim(row["fresh"], _order_view(row["order_id"], row), _register(row, entry))
+            for row, entry in zip(rows, held, strict=True)
         ]
 
     async def lock_order(self, order_id: str) -> OrderView:
@@ -232,6 +196,7 @@ class Tx:
         """The sagas still waiting on an order now wait for ``saga_id``."""
         await self.flush(before_statement=True)
         await self.conn.execute(Q.waiting_for_update, order_id, saga_id)
+        self._uncached.add(order_id)
 
     def save_saga(self, state: SagaState, *, now: datetime) -> None:
         self._sagas[state.saga_id] = state
@@ -283,6 +248,30 @@ class Tx:
         )  # fmt: skip
         assert row is not None
         self.sent.extend(zip(row["ids"], out, strict=True))
+        self._written.update(
+            (s.saga_id, (version, s)) for s, version in zip(sagas, row["versions"], strict=True)
+        )
+
+    def committed(self) -> None:
+        """The transaction committed: the registers it wrote are the database's now."""
+        if self._cache is None:
+            return
+        for version, state in self._written.values():
+            if state.order_id in self._uncached:
+                self._cache.forget(state.saga_id)
+            else:
+                self._cache.put(version, state)
+
+
+def _register(row: asyncpg.Record, held: tuple[str, SagaState] | None) -> SagaState | None:
+    """The saga a claim read: none, the one held (the row is still at its version), or the
+    one the database sent."""
+    if row["version"] is None:
+        return None
+    if row["saga"] is None:
+        assert held is not None  # the row is at the version held: nothing was sent
+        return held[1]
+    return SagaState.model_validate_json(row["saga"])
 
 
 def _columns(rows: Sequence[Any], width: int) -> list[list[Any]]:
@@ -302,6 +291,7 @@ class Store:
     def __init__(self, pool: asyncpg.Pool, *, db_retry_s: float = 30.0) -> None:
         self.pool = pool
         self._db_retry_s = db_retry_s
+        self.cache = RegisterCache()
 
     async def run(self, work: Callable[[Tx], Awaitable[T]]) -> T:
         """``work`` in one transaction, retried from the start while the database is away."""
@@ -316,10 +306,11 @@ class Store:
 
         async def once() -> tuple[T, list[tuple[int, OutboxRow]]]:
             async with self.pool.acquire() as conn, conn.transaction():
-                tx = Tx(conn, direct=direct, delete=delete)
+                tx = Tx(conn, direct=direct, delete=delete, cache=self.cache)
                 result = await work(tx)
                 await tx.flush()
-                return result, tx.sent
+            tx.committed()
+            return result, tx.sent
 
         return await self._retrying(once)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from saga_coordinator.store import OutboxRow, Q, Store, Tx
+from saga_coordinator.rows import OutboxRow
+from saga_coordinator.store import Q, Store, Tx
 from shared.config import Settings
 from shared.messages import DeadlineReached
 from shared.topology import Topology

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -29,7 +29,46 @@ class Reply:
     message: CommandReply
 
 
-Outgoing = ActionRequest | SagaEvent | Reply
+@dataclass(frozen=True)
+class Event:
+    """A lifecycle event as a decision makes it. Its message (``SagaEvent``, with an id and
+    validated) is built only when it is published: most step events are not (``SAGA_EVENTS``),
+    and building them cost a sixth of a decision."""
+
+    type: EventType
+    state: SagaState
+    now: datetime
+    step: Step | None = None
+    detail: str = ""
+    register: bool = False  # the whole register goes with it (terminal events, alerts)
+    stakes: dict[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def saga(self) -> str:
+        return self.state.saga
+
+    @property
+    def status(self) -> str:
+        return self.state.status
+
+    def message(self) -> SagaEvent:
+        state, step = self.state, self.step
+        return SagaEvent(
+            type=self.type,
+            saga_id=state.saga_id,
+            order_id=state.order_id,
+            timestamp=self.now,
+            saga=state.saga,
+            status=state.status,
+            step=None if step is None else step.index,
+            action=None if step is None else step.action,
+            detail=self.detail,
+            saga_register=state.register() if self.register else None,
+            stakes=self.stakes,
+        )
+
+
+Outgoing = ActionRequest | Event | Reply
 
 
 @dataclass(frozen=True)
@@ -78,19 +117,9 @@ def event(
     *,
     detail: str = "",
     register: bool = False,
-) -> SagaEvent:
-    return SagaEvent(
-        type=kind,
-        saga_id=state.saga_id,
-        order_id=state.order_id,
-        timestamp=now,
-        saga=state.saga,
-        status=state.status,
-        step=None if step is None else step.index,
-        action=None if step is None else step.action,
-        detail=detail,
-        saga_register=state.register() if register else None,
-    )
+    stakes: dict[str, Any] | None = None,
+) -> Event:
+    return Event(kind, state, now, step, detail, register, stakes)
 
 
 def reply(

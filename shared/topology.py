@@ -32,6 +32,12 @@ def event_patterns(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
+@functools.lru_cache(maxsize=1024)
+def _published(event_type: str, patterns: tuple[str, ...]) -> bool:
+    # Asked for every event of every decision; the event types are a few dozen.
+    return any(fnmatchcase(event_type, pattern) for pattern in patterns)
+
+
 @dataclass(frozen=True)
 class Topology:
     namespace: str
@@ -62,7 +68,7 @@ class Topology:
         return read_catalog(self.catalog_file).services
 
     def publishes(self, event_type: str) -> bool:
-        return any(fnmatchcase(event_type, pattern) for pattern in self.events)
+        return _published(event_type, self.events)
 
     # --- names ---------------------------------------------------------------------------------
     @property

@@ -7,7 +7,8 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from saga_coordinator.processor import Processor
-from saga_coordinator.store import Claim, Tx
+from saga_coordinator.rows import Claim
+from saga_coordinator.store import Tx
 from shared.messages import PartitionMessage
 
 Handle = Callable[[Processor, Tx, PartitionMessage, Claim, datetime], Awaitable[str]]

@@ -18,7 +18,8 @@ from saga_coordinator.machine import start
 from saga_coordinator.memory import MemoryStore
 from saga_coordinator.ports import Transaction
 from saga_coordinator.register import SagaState
-from saga_coordinator.store import OutboxRow, Store
+from saga_coordinator.rows import OutboxRow
+from saga_coordinator.store import Store
 from shared.gateway import admit
 from shared.messages import AbortSaga
 from tests.unit.factories import real_catalog, start_named

@@ -12,7 +12,7 @@ from pydantic import JsonValue
 
 from saga_coordinator.machine import decide
 from saga_coordinator.register import SagaState, Step
-from saga_coordinator.transition import Reply, Transition
+from saga_coordinator.transition import Event, Reply, Transition
 from shared.catalog import Catalog
 from shared.gateway import load_catalog
 from shared.messages import (
@@ -197,7 +197,8 @@ def requests_of(t: Transition) -> list[ActionRequest]:
 
 
 def events_of(t: Transition) -> list[SagaEvent]:
-    return [m for m in t.out if isinstance(m, SagaEvent)]
+    """The transition's lifecycle events as their messages."""
+    return [m.message() for m in t.out if isinstance(m, Event)]
 
 
 def event_types(t: Transition) -> list[str]:

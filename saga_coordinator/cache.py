@@ -1,0 +1,52 @@
+"""The registers this process wrote last, so that reading one back costs neither its text nor
+its parse.
+
+A saga's messages come back to the coordinator that wrote its register (its partition's
+single consumer), so most claims read a register this process wrote a moment ago: 2.5 kB
+turned to text by the database, sent, and parsed again. Each entry is kept with its row
+version (Postgres's ``xmin``, the transaction that wrote the row); the claim sends the version
+it holds, and the database sends the register only when the row has another. Any other writer
+(another coordinator after a takeover, an operator's SQL) makes a new row version, so a stale
+entry is never served; the only writer that could leave the version as it was is a second
+statement of the same transaction, and a transaction that runs one (``waiting_for``) caches
+nothing of that order.
+
+Entries are filled at commit only (a rolled-back write never shows), bounded (least recently
+used go first), and dropped when their saga ends: few messages come after that."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from saga_coordinator.register import TERMINAL, SagaState
+
+CAPACITY = 4096  # at a few kB each in Python objects: a few tens of MB at most
+
+
+class RegisterCache:
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self._capacity = capacity
+        self._entries: OrderedDict[str, tuple[str, SagaState]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, saga_id: str) -> tuple[str, SagaState] | None:
+        """The version and register held for ``saga_id``, or None."""
+        entry = self._entries.get(saga_id)
+        if entry is not None:
+            self._entries.move_to_end(saga_id)
+        return entry
+
+    def put(self, version: str, state: SagaState) -> None:
+        """``state`` as the database holds it at ``version``, once its transaction committed."""
+        if state.status in TERMINAL:
+            self._entries.pop(state.saga_id, None)
+            return
+        self._entries[state.saga_id] = (version, state)
+        self._entries.move_to_end(state.saga_id)
+        while len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+
+    def forget(self, saga_id: str) -> None:
+        self._entries.pop(saga_id, None)

@@ -1,0 +1,55 @@
+"""The rows the coordinator's store reads and writes, as values: an outbox row (a message to
+publish once its transaction commits), a parked message, and what a claim read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from saga_coordinator.convoy import OrderView
+from saga_coordinator.register import SagaState
+from shared.codec import Outgoing, to_amqp
+from shared.messages import Outbound
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    exchange: str
+    routing_key: str
+    message_id: str
+    message_type: str
+    order_id: str
+    body: bytes
+    headers: dict[str, Any] = field(default_factory=dict)
+
+    def amqp(self) -> Outgoing:
+        return to_amqp(
+            self.body, message_id=self.message_id, message_type=self.message_type,
+            order_id=self.order_id, headers=self.headers,
+        )  # fmt: skip
+
+    @classmethod
+    def of(cls, exchange: str, routing_key: str, message: Outbound) -> OutboxRow:
+        body = message.model_dump_json().encode()
+        order_id = getattr(message, "order_id", None) or ""
+        return cls(exchange, routing_key, message.message_id, message.type, order_id, body)
+
+
+@dataclass(frozen=True)
+class Parked:
+    id: int
+    message_id: str
+    message_type: str
+    seq: int | None
+    reason: str
+    body: bytes
+    arrival: int = 0
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What ``Tx.claim`` read under the locks."""
+
+    fresh: bool  # False: the inbox already had this message
+    order: OrderView
+    saga: SagaState | None
