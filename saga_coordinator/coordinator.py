@@ -31,6 +31,7 @@ from shared.config import Settings
 from shared.crashpoints import crash_point
 from shared.errors import InvalidMessage
 from shared.failures import failure_recorder
+from shared.gateway import AdmittedPlan
 from shared.identity import Directory
 from shared.messages import DeskCommand, PartitionMessage, QuerySaga
 from shared.topology import partition_of
@@ -59,14 +60,15 @@ class Coordinator:
         here as the intake would (a refusal is recorded and answered, never dead-lettered), then
         applied in the partition's order, with no hop through the intake and no number (the
         partition's single consumer and the order's blocks keep its order)."""
-        command = await self.gate.examine(delivery, partition=partition)
-        if command is None:
+        examined = await self.gate.examine(delivery, partition=partition)
+        if examined is None:
             return
+        command, plan = examined
         if isinstance(command, QuerySaga):
             await self.gate.answer(command)
             return
         assert not isinstance(command, DeskCommand)  # refused at a partition
-        note = await self._submit(stamped(command), delivery)
+        note = await self._submit(stamped(command), delivery, plan)
         crash_point("coordinator.before_ack")
         log.debug("%s %s %s: %s", command.order_id, command.saga_id, command.type, note)
 
@@ -140,15 +142,22 @@ class Coordinator:
         crash_point("coordinator.before_ack")
         log.debug("%s %s %s: %s", message.order_id, message.saga_id, message.type, note)
 
-    async def _submit(self, message: PartitionMessage, delivery: AbstractIncomingMessage) -> str:
-        """Apply the message (in a group commit), its trace context handed to the processor."""
+    async def _submit(
+        self, message: PartitionMessage, delivery: AbstractIncomingMessage,
+        plan: AdmittedPlan | None = None,
+    ) -> str:  # fmt: skip
+        """Apply the message (in a group commit), its trace context and the plan the gateway
+        admitted for it handed to the processor."""
         context = tracing.extract(delivery.headers)
         if context is not None:
             self.processor.parents[message.message_id] = context
+        if plan is not None:
+            self.processor.plans[message.message_id] = plan
         try:
             return await self.group.submit(message)
         finally:
             self.processor.parents.pop(message.message_id, None)
+            self.processor.plans.pop(message.message_id, None)
 
     async def run(self, partitions: Sequence[int] | None = None) -> None:
         """Consume every partition (each sequentially, all in parallel) until cancelled.

@@ -36,9 +36,10 @@ class Intake:
         self.gate = Gatekeeper(settings, catalog, bus, store)
 
     async def handle(self, delivery: AbstractIncomingMessage) -> None:
-        command = await self.gate.examine(delivery)
-        if command is None:
+        examined = await self.gate.examine(delivery)
+        if examined is None:
             return  # refused: recorded and answered
+        command, _ = examined  # the partition checks a start's plan again, in the saga's order
         if isinstance(command, QuerySaga):
             await self.gate.answer(command)
         elif isinstance(command, DeskCommand):
@@ -53,10 +54,10 @@ class Intake:
         the same id and number, and the inbox absorbs it)."""
         forwarded = stamped(command)
         seq = await self.store.assign_seq(forwarded.message_id, command.order_id)
-        with tracing.TRACER.start_as_current_span(
+        with tracing.current(
             f"intake {command.type}", context=tracing.extract(delivery.headers),
             kind=tracing.SpanKind.CONSUMER,
-            attributes=tracing.attributes(command.saga_id, command.order_id),
+            attributes=lambda: tracing.attributes(command.saga_id, command.order_id),
         ):  # fmt: skip
             numbered = forwarded.model_copy(update={"seq": seq})
             item = self.bus.for_partition(numbered, tracing.headers_of())

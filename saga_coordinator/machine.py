@@ -60,14 +60,16 @@ def decide(
     now: datetime,
     *,
     order_held_by: str | None = None,
+    admitted: AdmittedPlan | None = None,
 ) -> Transition:
     """``order_held_by``: the saga that holds the order (running, compensating or needing a
-    person), if any; a new saga of the order then waits behind it."""
+    person), if any; a new saga of the order then waits behind it. ``admitted``: what
+    ``admit(catalog, message)`` returned for this start, when the caller has it already."""
     if isinstance(message, StartSaga):
         if state is not None:
             return ignored(state, f"saga {message.saga_id} already exists")
         try:
-            plan = admit(catalog, message)
+            plan = admitted if admitted is not None else admit(catalog, message)
         except PlanRejected as exc:
             return refuse(None, message, now, str(exc), exc.rule)
         return start(message, plan, now, waiting_for=order_held_by)

@@ -26,6 +26,7 @@ from saga_coordinator.transition import Event, Reply, Transition
 from shared import metrics, tracing
 from shared.catalog import Catalog
 from shared.codec import PARTITION
+from shared.gateway import AdmittedPlan
 from shared.messages import ActionRequest, CommandReply, PartitionMessage
 from shared.topology import Topology
 
@@ -85,6 +86,7 @@ class Processor:
         # The trace context each message in hand arrived with, by message id (the consumer
         # puts it here; the message models carry no transport headers).
         self.parents: dict[str, Context] = {}
+        self.plans: dict[str, AdmittedPlan] = {}  # of starts the gateway admitted in this process
 
     async def handle(self, tx: Tx, message: PartitionMessage, now: datetime) -> str:
         """Returns what happened, for the log line."""
@@ -205,7 +207,10 @@ class Processor:
         absence: no saga row appears while the order is locked); a parked message has none."""
         before = claim.saga if claim is not None else await tx.lock_saga(message.saga_id)
         held_by = order.active_saga_id if order.active_saga_id != message.saga_id else None
-        transition = decide(before, message, self.catalog, now, order_held_by=held_by)
+        transition = decide(
+            before, message, self.catalog, now, order_held_by=held_by,
+            admitted=self.plans.get(message.message_id),
+        )  # fmt: skip
         order = convoy.after_apply(order, convoy.command_seq(message))
         if transition.state is not None and transition.state.status == "waiting":
             order = replace(order, has_waiting=True)
@@ -240,10 +245,10 @@ class Processor:
         own = root is None or (incoming is not None and tracing.same_trace(incoming, root))
         parent = incoming if own else root
         name = f"coordinator {message.type}" if message is not None else "coordinator hand-over"
-        attributes = tracing.attributes(state.saga_id, state.order_id) if state else {}
-        return tracing.TRACER.start_as_current_span(
-            name, context=parent, kind=tracing.SpanKind.CONSUMER, attributes=attributes
-        )
+        return tracing.current(
+            name, context=parent, kind=tracing.SpanKind.CONSUMER,
+            attributes=lambda: tracing.attributes(state.saga_id, state.order_id) if state else {},
+        )  # fmt: skip
 
     def _deadline(self, tx: Tx, state: SagaState, transition: Transition, now: datetime) -> None:
         change = deadline.after(state, transition, now)

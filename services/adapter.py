@@ -200,10 +200,10 @@ class Adapter:
     ) -> tracing.Span:
         """The span of one request, a child of the coordinator span that sent it."""
         spec = self.catalog.actions.get(req.action)
-        return tracing.TRACER.start_span(
+        return tracing.start(
             f"adapter {req.action}", context=tracing.extract(message.headers),
             kind=tracing.SpanKind.CONSUMER, start_time=began,
-            attributes=tracing.attributes(
+            attributes=lambda: tracing.attributes(
                 req.saga_id, req.order_id, action=req.action, attempt=req.attempt,
                 kind=spec.action_class.value if spec else "compensation",
             ),

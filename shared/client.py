@@ -250,9 +250,9 @@ class SagaClient:
                 self.bus.topology.command_key(command.type, order_id) if order_id else command.type
             )
             saga_id = getattr(command, "saga_id", "")
-            with tracing.TRACER.start_as_current_span(
+            with tracing.current(
                 f"send {command.type}", kind=tracing.SpanKind.PRODUCER,
-                attributes=tracing.attributes(saga_id, order_id or ""),
+                attributes=lambda: tracing.attributes(saga_id, order_id or ""),
             ):  # fmt: skip
                 headers = tracing.headers_of()
                 if self._person is not None:

@@ -11,7 +11,7 @@ from pydantic import JsonValue
 
 from saga_coordinator.machine import begin, decide
 from saga_coordinator.transition import Transition
-from shared.gateway import check_catalog
+from shared.gateway import admit, check_catalog
 from shared.messages import (
     AbortSaga,
     ActionDone,
@@ -113,6 +113,23 @@ def test_refund_start_requests_only_the_first_step_and_accepts_the_command() -> 
     assert req.params == {"sku": "SKU-1", "quantity": 2}
     assert req.timeout_s == 5
     assert (req.saga_id, req.order_id) == ("saga-1", "order-1")
+
+
+def test_a_start_decided_with_the_plan_the_gateway_admitted_is_the_same_start() -> None:
+    command = start_named("refund", REFUND_PARAMS)
+    plan = admit(CATALOG, command)
+    nothing_known = make_catalog(actions={})  # only the plan given can start it
+
+    given, checked = (
+        decide(None, command, nothing_known, T0, admitted=plan),
+        decide(None, command, CATALOG, T0),
+    )
+    assert given.state == checked.state and given.state is not None
+    assert given.state.status == "running"
+    assert [(r.action, r.idempotency_key, r.params) for r in requests_of(given)] == [
+        (r.action, r.idempotency_key, r.params) for r in requests_of(checked)
+    ]
+    assert event_types(given) == event_types(checked)
 
 
 def test_start_without_reply_to_sends_no_reply() -> None:

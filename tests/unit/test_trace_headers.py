@@ -4,7 +4,7 @@ else is ignored, and a client's tracestate never travels on with the saga's mess
 from __future__ import annotations
 
 import pytest
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 
 from shared import tracing
 
@@ -28,3 +28,43 @@ def test_a_valid_traceparent_is_the_parent_and_only_it_travels_on() -> None:
 def test_anything_else_is_no_parent(value: object) -> None:
     assert tracing.extract({"traceparent": value}) is None
     assert tracing.extract(None) is None
+
+
+@pytest.mark.parametrize("flags", ["01", "00"])
+def test_without_a_provider_the_parent_travels_as_the_api_would_carry_it(
+    monkeypatch: pytest.MonkeyPatch, flags: str
+) -> None:
+    monkeypatch.setattr(tracing, "recording", lambda: False)
+    value = VALID[:-2] + flags
+    parent = tracing.extract({"traceparent": value})
+
+    def never() -> dict[str, str]:
+        raise AssertionError("attributes are built only for a recorded span")
+
+    with tracing.current("x", kind=tracing.SpanKind.CONSUMER, context=parent, attributes=never):
+        api: dict[str, str] = {}
+        propagate.inject(api)
+        assert tracing.headers_of() == api == {"traceparent": value}
+        child = tracing.start("y", kind=tracing.SpanKind.CONSUMER, attributes=never)
+        assert tracing.headers_of(child) == {"traceparent": value}
+    assert tracing.headers_of() == {}  # the block's context is gone after it
+
+
+@pytest.mark.parametrize(
+    "value",
+    [VALID, " " + VALID, VALID + " \t", VALID[:-2] + "00", "01" + VALID[2:] + "-future-field",
+     "ff" + VALID[2:], VALID + "-extra", VALID.upper(), "00-" + "0" * 32 + "-" + "1" * 16 + "-01",
+     "00-" + "1" * 32 + "-" + "0" * 16 + "-01", VALID[:-1], VALID.replace("-", "_")],
+)  # fmt: skip
+def test_the_parent_read_is_the_one_the_api_propagator_reads(value: str) -> None:
+    api = trace.get_current_span(propagate.extract({"traceparent": value})).get_span_context()
+    ours = tracing.extract({"traceparent": value})
+    if not api.is_valid:
+        assert ours is None
+        return
+    assert ours is not None
+    assert trace.get_current_span(ours).get_span_context() == api
+
+
+def test_a_traceparent_with_a_line_break_is_no_parent() -> None:
+    assert tracing.extract({"traceparent": VALID + "\n"}) is None  # the API's regex takes it
