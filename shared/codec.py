@@ -21,7 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from shared.errors import InvalidMessage
 from shared.messages import Command, Outbound, PartitionMessage
-from shared.text import clean, first_unsafe, header_text
+from shared.text import UNSAFE, clean, first_unsafe, header_text
 
 T = TypeVar("T")
 
@@ -125,7 +125,45 @@ def parse(body: bytes, *, max_bytes: int) -> dict[str, Any]:
 
 def check_shape(value: Any) -> None:
     """Depth, size, integer range, finite floats and safe characters (keys included), walked
-    without recursion so that no body can exhaust the stack."""
+    without recursion so that no body can exhaust the stack. A first walk only says whether
+    anything is wrong; the second, which names where, runs only then (the paths of every value
+    of every message were half the cost of checking it)."""
+    if not _shape_is_wrong(value):
+        return
+    _raise_for_shape(value)
+    raise InvalidMessage("body: not an acceptable shape")  # the two walks check the same
+
+
+def _shape_is_wrong(value: Any) -> bool:
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    seen = 0
+    while pending:
+        item, depth = pending.pop()
+        seen += 1
+        if seen > MAX_VALUES or depth > MAX_DEPTH:
+            return True
+        if isinstance(item, str):
+            if UNSAFE.search(item) is not None:
+                return True
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int):
+            if not -INT_BOUND <= item < INT_BOUND:
+                return True
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if UNSAFE.search(key) is not None:
+                    return True
+                pending.append((child, depth + 1))
+        elif isinstance(item, list):
+            pending.extend((child, depth + 1) for child in item)
+    return False
+
+
+def _raise_for_shape(value: Any) -> None:
     pending: list[tuple[Any, int, str]] = [(value, 1, "")]
     seen = 0
     while pending:
