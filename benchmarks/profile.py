@@ -13,6 +13,8 @@ from pathlib import Path
 
 OUR_CODE = ("saga_coordinator/", "shared/", "services/")
 ENTRY = ("/cli.py", "/cli_support.py")  # the process's entry: under everything, says nothing
+# The metrics server's thread waiting for a scrape: py-spy samples it in its poll, as if busy.
+IDLE = "serve_forever"
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ def summarize(process: str, path: Path, top: int = 12) -> Profile:
     total = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
+        if not count.isdigit() or IDLE in stack:
             continue
         n = int(count)
         total += n

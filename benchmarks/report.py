@@ -115,7 +115,8 @@ def targets_table(f: Findings) -> list[str]:
     best = max(f.sweep + f.scaling, key=lambda r: r.rate)
     eff = best.efficiency(f.ceiling_msgs_per_s) or 0.0
     rows: list[tuple[str, str, str, bool | None]] = [
-        (f"CPU per saga, all processes (best: concurrency {best.plan.concurrency})",
+        (f"CPU per saga, all processes (best rate: {best.plan.mix}, concurrency "
+         f"{best.plan.concurrency}, {best.plan.coordinators} coordinator(s))",
          f"<= {TARGET_CPU_MS:g} ms", f"{_stack_cpu(best):.1f} ms",
          _stack_cpu(best) <= TARGET_CPU_MS),
         ("efficiency: sagas/s x quorum msgs/saga / raw ceiling", f">= {TARGET_EFFICIENCY}",

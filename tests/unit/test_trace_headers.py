@@ -68,3 +68,9 @@ def test_the_parent_read_is_the_one_the_api_propagator_reads(value: str) -> None
 
 def test_a_traceparent_with_a_line_break_is_no_parent() -> None:
     assert tracing.extract({"traceparent": VALID + "\n"}) is None  # the API's regex takes it
+
+
+def test_recording_is_what_the_public_api_says() -> None:
+    """``recording`` reads the API's module state; the public getter must agree with it."""
+    installed = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    assert tracing.recording() is installed
