@@ -36,7 +36,7 @@ from saga_coordinator.register import SagaState
 from services.adapter import Adapter
 from services.errors import Permanent, Transient
 from services.sdk import Result, Service
-from shared.catalog import Catalog
+from shared.catalog import Catalog, service_of
 from shared.client import CommandRejected
 from shared.codec import PARTITION
 from shared.config import Settings
@@ -283,7 +283,7 @@ class SagaKit:
             self._replies[reply.command_id] = reply
 
     async def _perform(self, req: ActionRequest) -> None:
-        adapter = self._adapters.get(req.action.split(".", 1)[0])
+        adapter = self._adapters.get(service_of(req.action))
         if adapter is None:
             self.unanswered.append(req)  # no adapter runs: its deadline will fire
             return

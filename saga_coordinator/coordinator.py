@@ -152,12 +152,14 @@ class Coordinator:
         if context is not None:
             self.processor.parents[message.message_id] = context
         if plan is not None:
-            self.processor.plans[message.message_id] = plan
+            # By the object, not its id: two commands of one sender may share an id (the inbox
+            # applies one), and neither may run with the other's plan.
+            self.processor.plans[id(message)] = plan
         try:
             return await self.group.submit(message)
         finally:
             self.processor.parents.pop(message.message_id, None)
-            self.processor.plans.pop(message.message_id, None)
+            self.processor.plans.pop(id(message), None)
 
     async def run(self, partitions: Sequence[int] | None = None) -> None:
         """Consume every partition (each sequentially, all in parallel) until cancelled.

@@ -24,7 +24,7 @@ from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow
 from saga_coordinator.transition import Event, Reply, Transition
 from shared import metrics, tracing
-from shared.catalog import Catalog
+from shared.catalog import Catalog, service_of
 from shared.codec import PARTITION
 from shared.gateway import AdmittedPlan
 from shared.messages import ActionRequest, CommandReply, PartitionMessage
@@ -41,7 +41,7 @@ def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
         if isinstance(item, Reply):
             rows.append(OutboxRow.of("", item.to, item.message))
         elif isinstance(item, ActionRequest):
-            service = item.action.split(".", 1)[0]
+            service = service_of(item.action)
             rows.append(OutboxRow.of(topology.actions_exchange, service, item))
         else:
             _count(item)
@@ -86,7 +86,9 @@ class Processor:
         # The trace context each message in hand arrived with, by message id (the consumer
         # puts it here; the message models carry no transport headers).
         self.parents: dict[str, Context] = {}
-        self.plans: dict[str, AdmittedPlan] = {}  # of starts the gateway admitted in this process
+        # The plans the gateway admitted for the starts in hand, by the id() of the message
+        # object itself, alive while its entry is (see Coordinator._submit).
+        self.plans: dict[int, AdmittedPlan] = {}
 
     async def handle(self, tx: Tx, message: PartitionMessage, now: datetime) -> str:
         """Returns what happened, for the log line."""
@@ -209,7 +211,7 @@ class Processor:
         held_by = order.active_saga_id if order.active_saga_id != message.saga_id else None
         transition = decide(
             before, message, self.catalog, now, order_held_by=held_by,
-            admitted=self.plans.get(message.message_id),
+            admitted=self.plans.get(id(message)),
         )  # fmt: skip
         order = convoy.after_apply(order, convoy.command_seq(message))
         if transition.state is not None and transition.state.status == "waiting":

@@ -33,7 +33,7 @@ import asyncpg
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
 from services.errors import Permanent, Transient
-from shared.catalog import Catalog
+from shared.catalog import Catalog, service_of
 from shared.codec import describe
 from shared.config import Settings
 from shared.errors import ConfigError
@@ -146,7 +146,7 @@ class Service(Generic[D]):
     def _register(
         self, kind: Kind, name: str, params: type[BaseModel] | None
     ) -> Callable[[Function[D]], Function[D]]:
-        if name.split(".", 1)[0] != self.name:
+        if service_of(name) != self.name:
             raise ConfigError(f"{name}: service {self.name!r} serves only {self.name}.* actions")
         if name in self._handlers:
             raise ConfigError(f"{name}: registered twice in service {self.name!r}")
@@ -229,7 +229,7 @@ def _disagreements(
     declared |= dict.fromkeys(catalog.compensations, "compensation")
     out: list[str] = []
     for name, kind in sorted(declared.items()):
-        if name.split(".", 1)[0] == service and name not in handlers:
+        if service_of(name) == service and name not in handlers:
             out.append(f"{kind} {name} has no function")
     for name, handler in sorted(handlers.items()):
         if name not in declared:

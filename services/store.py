@@ -11,6 +11,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 from pydantic import JsonValue
 
+from shared.catalog import service_of
 from shared.sql import Queries
 
 Q = Queries(Path(__file__).with_name("queries.sql"))
@@ -40,4 +41,4 @@ def row_dict(row: asyncpg.Record) -> dict[str, object]:
 
 
 def system_of(action: str) -> str:
-    return action.split(".", 1)[0]
+    return service_of(action)

@@ -29,6 +29,7 @@ from shared.catalog import (
     ParamSpec,
     answer_within_s,
     read_catalog,
+    service_of,
 )
 from shared.errors import CatalogError, PlanRejected
 from shared.messages import Gate, Plan, StartSaga
@@ -93,7 +94,7 @@ class AdmittedPlan:
 
 def check_action(catalog: Catalog, name: str, spec: ActionSpec) -> None:
     """Rules about one declared action (independent of any plan)."""
-    service = name.split(".", 1)[0]
+    service = service_of(name)
     if spec.action_class.needs_compensation:
         if spec.compensation is None:
             raise PlanRejected(
@@ -104,7 +105,7 @@ def check_action(catalog: Catalog, name: str, spec: ActionSpec) -> None:
                 "compensation_unknown",
                 f"{name} names compensation {spec.compensation!r}, which the catalog lacks",
             )
-        if spec.compensation.split(".", 1)[0] != service:
+        if service_of(spec.compensation) != service:
             raise PlanRejected(
                 "compensation_service", f"{name}: its compensation must be served by {service!r}"
             )

@@ -21,6 +21,7 @@ from typing import Literal
 from urllib.parse import quote, unquote, urlsplit
 
 from shared.addresses import with_netloc_credentials
+from shared.catalog import service_of
 from shared.config import Settings
 from shared.errors import ConfigError
 from shared.messages import Role
@@ -102,7 +103,7 @@ class Directory:
 
     def owns(self, user: str | None, action: str) -> bool:
         """Whether ``user`` is the service that performs ``action`` (``service.name``)."""
-        service = action.split(".", 1)[0]
+        service = service_of(action)
         if user is None:
             return False
         if self.mode == "shared":

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from shared.catalog import service_of
 from shared.errors import InvalidMessage, PlanRejected
 from shared.identity import Directory
 from shared.messages import (
@@ -91,5 +92,5 @@ def partition_message(directory: Directory, message: PartitionMessage, user: str
 def request(directory: Directory, message: ActionRequest, user: str | None, service: str) -> None:
     if not directory.is_coordinator(user):
         raise Forged(f"action.request sent by {user!r}; only the coordinator sends requests")
-    if message.action.split(".", 1)[0] != service:
+    if service_of(message.action) != service:
         raise InvalidMessage(f"{message.action} is not an action of {service}")

@@ -11,7 +11,7 @@ import pytest
 from saga_coordinator.processor import Processor
 from saga_coordinator.store import Store, Tx
 from shared.config import Settings
-from shared.gateway import load_catalog
+from shared.gateway import admit, load_catalog
 from shared.messages import ActionFailed, PartitionMessage, StartSaga
 from shared.topology import Topology
 from tests.integration.helpers import REFUND, forget_outbox
@@ -86,3 +86,27 @@ async def test_waiting_sagas_always_name_the_saga_that_holds_their_order(
     assert states[c].waiting_for == b
     [listed] = await store.list_sagas("waiting", order_id)
     assert listed["waiting_for"] == b
+
+
+async def test_each_start_is_decided_with_the_plan_admitted_for_that_very_command(
+    settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    """One sender may send two commands under one id (for two orders): each is decided with
+    the plan the gateway admitted for it, never with the other's."""
+    store = Store(pool)
+    catalog = load_catalog(settings.catalog_file)
+    processor = Processor(catalog, Topology.from_settings(settings))
+    now = datetime.now(UTC)
+    mine = start(order_id, f"{order_id}-mine", 1)
+    other = StartSaga(
+        message_id=mine.message_id, saga_id=f"{order_id}-other", order_id=f"{order_id}-2",
+        saga="refund", params={**REFUND, "quantity": 7},
+    )  # fmt: skip
+    processor.plans[id(mine)] = admit(catalog, mine)
+    processor.plans[id(other)] = admit(catalog, other)
+
+    await store.run(lambda tx: processor.handle(tx, mine, now))
+
+    saved = await store.get(mine.saga_id)
+    assert saved is not None and saved.status == "running"
+    assert saved.steps[0].params == {"sku": REFUND["sku"], "quantity": REFUND["quantity"]}
