@@ -30,9 +30,8 @@ from services.errors import Permanent, Transient
 from services.faults import add_fault
 from services.registry import SYSTEMS
 from services.simulated import Simulated
-from services.store import system_of
 from shared import loop
-from shared.catalog import ActionClass
+from shared.catalog import ActionClass, service_of
 from shared.config import Settings
 from shared.gateway import load_catalog
 from shared.messages import ActionRequest, Phase
@@ -93,7 +92,7 @@ async def call_system(
     assert _App.pool is not None
     async with _App.pool.acquire() as conn:
         try:  # as the adapter: the timeout covers the call, not the wait for a connection
-            service = SYSTEMS[system_of(action)]
+            service = SYSTEMS[service_of(action)]
             call = service.call(req, Simulated.on(service.name, conn))
             result = await asyncio.wait_for(call, req.timeout_s)
         except TimeoutError:

@@ -34,8 +34,7 @@ from saga_coordinator.machine import decide
 from saga_coordinator.register import TERMINAL, SagaState
 from services.errors import Permanent
 from services.outcome import Done, build_outcome
-from services.store import system_of
-from shared.catalog import Catalog
+from shared.catalog import Catalog, service_of
 from shared.config import Settings
 from shared.gateway import load_catalog
 from shared.messages import ActionDone, ActionFailed, ActionRequest, StartSaga
@@ -155,7 +154,7 @@ def _call(
 ) -> tuple[tuple[Any, ...], ActionDone | ActionFailed]:
     """One call to a simulated system: its template row, and the outcome its adapter reports."""
     result, error, entity, detail = _system_reply(req)
-    row = (kind, k, _fmt(req.idempotency_key), system_of(req.action), req.action,
+    row = (kind, k, _fmt(req.idempotency_key), service_of(req.action), req.action,
            "failed" if error else "done", _json(result), error, entity and _fmt(entity),
            _json(detail), json.dumps(req.params), _us(at))  # fmt: skip
     verdict = Permanent(error) if error else Done(result or {})

@@ -11,7 +11,6 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 from pydantic import JsonValue
 
-from shared.catalog import service_of
 from shared.sql import Queries
 
 Q = Queries(Path(__file__).with_name("queries.sql"))
@@ -38,7 +37,3 @@ def plain(value: object) -> object:
 
 def row_dict(row: asyncpg.Record) -> dict[str, object]:
     return {key: plain(value) for key, value in row.items()}
-
-
-def system_of(action: str) -> str:
-    return service_of(action)

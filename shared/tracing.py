@@ -133,16 +133,12 @@ def _parent(value: str) -> Context | None:
     found = _TRACEPARENT.fullmatch(value)
     if found is None:
         return None
-    version, trace_id, span_id, flags, rest = found.groups()
-    if version == "ff" or (version == "00" and rest) or int(trace_id, 16) == 0:
-        return None
-    if int(span_id, 16) == 0:
+    version, trace_hex, span_hex, flags, rest = found.groups()
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    if version == "ff" or (version == "00" and rest) or trace_id == 0 or span_id == 0:
         return None
     span = trace.SpanContext(
-        int(trace_id, 16),
-        int(span_id, 16),
-        is_remote=True,
-        trace_flags=trace.TraceFlags(int(flags, 16)),
+        trace_id, span_id, is_remote=True, trace_flags=trace.TraceFlags(int(flags, 16))
     )
     return trace.set_span_in_context(trace.NonRecordingSpan(span))
 
