@@ -27,6 +27,7 @@ CHUNK = 500  # publishes in one confirm round
 @dataclass(frozen=True)
 class Accepted:
     commands: int
+    coordinators: int  # processes sharing the partitions
     publish_seconds: float  # until the broker confirmed the last
     seconds: float  # until the last saga was in the register
 
@@ -35,19 +36,21 @@ class Accepted:
         return self.commands / self.seconds
 
 
-async def commands_accepted(base: Settings, commands: int) -> Accepted:
+async def commands_accepted(base: Settings, commands: int, coordinators: int = 1) -> Accepted:
     unlimited = {"SAGA_AGENT_RATE": "1000000", "SAGA_AGENT_BURST": "1000000"}
     run = new_run_id()
     async with _fresh(base) as settings:
-        procs = await _start_processes(settings, 1, unlimited)
+        procs = await _start_processes(settings, coordinators, unlimited)
         try:
             await asyncio.sleep(SETTLE_S)
-            return await _publish_and_wait(settings, run, commands)
+            published, seconds = await _publish_and_wait(settings, run, commands)
+            return Accepted(commands, coordinators, published, seconds)
         finally:
             await _stop(procs)
 
 
-async def _publish_and_wait(settings: Settings, run: str, commands: int) -> Accepted:
+async def _publish_and_wait(settings: Settings, run: str, commands: int) -> tuple[float, float]:
+    """Seconds until the broker confirmed the last command, and until the last was applied."""
     params: dict[str, JsonValue] = {"sku": "SKU-1", "quantity": 1}
     starts = [
         StartSaga(saga_id=f"c{run}-{i}", order_id=f"co{run}-{i}", plan=GATED, params=params)
@@ -66,7 +69,7 @@ async def _publish_and_wait(settings: Settings, run: str, commands: int) -> Acce
                     raise RuntimeError(f"publishing commands failed: {errors}")
             published = time.perf_counter() - began
             await _until_registered(conn, commands)
-            return Accepted(commands, published, time.perf_counter() - began)
+            return published, time.perf_counter() - began
     finally:
         await conn.close()
 

@@ -52,7 +52,7 @@ class Findings:
     growth: list[tuple[Result, Result]] = field(default_factory=list)
     ours_refund: list[Result] = field(default_factory=list)  # beside the peer
     peer: Sequence[PeerRun] = ()
-    accepted: Accepted | None = None
+    accepted: list[Accepted] = field(default_factory=list)  # by coordinator processes
 
 
 def _row(r: Result, ceiling: float) -> str:
@@ -146,11 +146,10 @@ def targets_table(f: Findings) -> list[str]:
         for theirs in _peers_at(f.peer, 1):
             rows.append(("p50 at concurrency 1 vs DBOS's", f"<= {theirs.percentile(50):.1f} ms",
                          f"{p50:.1f} ms", p50 <= theirs.percentile(50)))  # fmt: skip
-    if f.accepted is not None:
-        a = f.accepted
-        rows.append((f"commands accepted ({a.commands:,} gated starts, one coordinator)",
-                     f">= {TARGET_COMMANDS:,.0f}/s", f"{a.rate:,.0f}/s",
-                     a.rate >= TARGET_COMMANDS))  # fmt: skip
+    for a in f.accepted:
+        rows.append((f"commands accepted ({a.commands:,} gated starts, {a.coordinators} "
+                     f"coordinator process(es))", f">= {TARGET_COMMANDS:,.0f}/s",
+                     f"{a.rate:,.0f}/s", a.rate >= TARGET_COMMANDS))  # fmt: skip
     for empty, grown in f.growth:
         loss = 1 - grown.rate / empty.rate
         rows.append((f"throughput loss, {grown.plan.preload:,} stored sagas "
