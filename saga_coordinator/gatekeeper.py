@@ -71,31 +71,35 @@ class Gatekeeper:
         None when it was refused (recorded and answered). ``partition``: the partition it was
         routed to, if it came that way. Raises ``Forged`` for a sender that may send no command
         at all."""
-        ident = identify_incoming(delivery)
-        user = await self.sender(delivery, ident)
+        user = await self.sender(delivery)
         role = trust.command_sender(self.directory, user)
         assert user is not None  # command_sender refuses a missing user
         replayed = user != delivery.user_id  # an operator's replay: not the agent's traffic
+        # The body's ids (a second JSON parse) are read only for a refusal: an accepted
+        # command's come from its validated body.
         try:
             return self._admit(delivery, user, role, counted=not replayed, partition=partition)
         except InvalidMessage as exc:
-            await self.refuse(delivery, ident, user, "invalid_message", exc.reason)
+            await self.refuse(delivery, user, "invalid_message", exc.reason)
         except PlanRejected as exc:
-            await self.refuse(delivery, ident, user, exc.rule, str(exc))
+            await self.refuse(delivery, user, exc.rule, str(exc))
         except Exception as exc:  # a bug must not turn one odd command into a blocked order
-            log.exception("checking command %s failed", ident.message_id)
+            log.exception("checking command %s failed", identify_incoming(delivery).message_id)
             reason = f"the gateway could not check this command ({type(exc).__name__})"
-            await self.refuse(delivery, ident, user, "internal_error", reason)
+            await self.refuse(delivery, user, "internal_error", reason)
         return None
 
-    async def sender(self, delivery: AbstractIncomingMessage, ident: Identity) -> str | None:
+    async def sender(
+        self, delivery: AbstractIncomingMessage, ident: Identity | None = None
+    ) -> str | None:
         """The broker-verified sender; for a dead letter an operator replayed, the sender it
         had when it first arrived (the coordinator republished it)."""
         user = delivery.user_id
         replay = (delivery.headers or {}).get(trust.REPLAY_HEADER)
         if replay is None or not self.directory.is_coordinator(user):
             return user
-        found, original = await self.store.replayed_sender(replay, ident.message_id)
+        message_id = (ident or identify_incoming(delivery)).message_id
+        found, original = await self.store.replayed_sender(replay, message_id)
         if not found:
             raise trust.Forged("a replay that names no dead letter being replayed")
         return original
@@ -150,11 +154,11 @@ class Gatekeeper:
     async def refuse(
         self,
         delivery: AbstractIncomingMessage,
-        ident: Identity,
         user: str,
         rule: str,
         reason: str,
     ) -> None:
+        ident = identify_incoming(delivery)
         reason = clean(reason, 2000)
         log.warning("refused command %s from %s (%s): %s", ident.message_id, user, rule, reason)
         await self.store.record_rejection(

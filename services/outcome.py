@@ -11,6 +11,7 @@ from pydantic import JsonValue
 from services.errors import Permanent, Transient
 from shared.codec import check_shape
 from shared.errors import InvalidMessage
+from shared.ids import name_id
 from shared.messages import ActionDone, ActionFailed, ActionRequest
 from shared.text import clean
 
@@ -32,7 +33,7 @@ def outcome_message_id(
     idempotency_key: str, outcome: Literal["done", "failed"], attempt: int
 ) -> str:
     """Deterministic, so a redelivered request yields a duplicate the inbox absorbs."""
-    return str(uuid.uuid5(OUTCOME_NAMESPACE, f"{idempotency_key}|{outcome}|{attempt}"))
+    return name_id(OUTCOME_NAMESPACE, f"{idempotency_key}|{outcome}|{attempt}")
 
 
 def effect_unknown(verdict: Verdict) -> bool:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, get_args
-from uuid import uuid4
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, model_validator
+
+from shared.ids import random_id
 
 SCHEMA_VERSION: Literal[1] = 1
 
@@ -40,14 +41,10 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _new_id() -> str:
-    return str(uuid4())
-
-
 class Envelope(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    message_id: Identifier = Field(default_factory=_new_id)
+    message_id: Identifier = Field(default_factory=random_id)
     type: str
     saga_id: Identifier
     order_id: Identifier
@@ -172,7 +169,7 @@ AnyCommand = StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | Re
 class _DeskCommand(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    message_id: Identifier = Field(default_factory=_new_id)
+    message_id: Identifier = Field(default_factory=random_id)
     type: str
     timestamp: datetime = Field(default_factory=_now)
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -284,7 +281,7 @@ class DeskReply(BaseModel):
     """The answer to a desk command: what was done with each dead letter."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    message_id: Identifier = Field(default_factory=_new_id)
+    message_id: Identifier = Field(default_factory=random_id)
     type: Literal["desk.done", "desk.refused"]
     timestamp: datetime = Field(default_factory=_now)
     command_id: str = Field(max_length=128)
@@ -298,7 +295,7 @@ class Alert(BaseModel):
     look at that belongs to no saga (a forged message, a dead letter that could not be stored)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    message_id: Identifier = Field(default_factory=_new_id)
+    message_id: Identifier = Field(default_factory=random_id)
     type: Literal["alert.forged", "alert.unstorable", "alert.rate_limited"]
     timestamp: datetime = Field(default_factory=_now)
     detail: str = Field(max_length=4000)

@@ -15,6 +15,7 @@ from typing import Any
 from shared.catalog import service_of
 from shared.errors import InvalidMessage, PlanRejected
 from shared.identity import Directory
+from shared.ids import name_id
 from shared.messages import (
     ActionDone,
     ActionFailed,
@@ -37,7 +38,7 @@ FORWARD_NAMESPACE = uuid.UUID("0c3b8f0e-5d5e-4a51-9f0e-7a2b64d1c9a7")
 def forwarded_id(sender: str, message_id: str) -> str:
     """The id the intake forwards a command under: the same for a re-sent or redelivered
     command, and never one a client chose (no client can collide with another's messages)."""
-    return str(uuid.uuid5(FORWARD_NAMESPACE, f"{sender}\x00{message_id}"))
+    return name_id(FORWARD_NAMESPACE, f"{sender}\x00{message_id}")
 
 
 class Forged(InvalidMessage):
