@@ -63,5 +63,11 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     LISTEN has a connection of its own. asyncpg still rolls back an unfinished transaction."""
 
 
-async def create_pool(url: str, *, min_size: int, max_size: int) -> asyncpg.Pool:
-    return await asyncpg.create_pool(url, min_size=min_size, max_size=max_size, reset=_keep_session)
+async def create_pool(
+    url: str, *, min_size: int, max_size: int, plan_cache_mode: str | None = None
+) -> asyncpg.Pool:
+    """``plan_cache_mode``: Postgres's setting for the pool's sessions (None: the server's)."""
+    server = {} if plan_cache_mode is None else {"plan_cache_mode": plan_cache_mode}
+    return await asyncpg.create_pool(
+        url, min_size=min_size, max_size=max_size, reset=_keep_session, server_settings=server
+    )

@@ -356,3 +356,13 @@ def test_settings_are_frozen_and_hashable() -> None:
     with pytest.raises(ValidationError):
         s.partitions = 3  # type: ignore[misc]
     assert hash(s) == hash(Settings()) and s.with_(partitions=3) != s
+
+
+def test_the_plan_cache_mode_is_one_of_postgres_values() -> None:
+    assert Settings().db_plan_cache_mode == "force_generic_plan"
+    assert Settings.from_env({"SAGA_DB_PLAN_CACHE_MODE": "auto"}).db_plan_cache_mode == "auto"
+    # Anything else would reach Postgres as a startup parameter and fail every connection.
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({"SAGA_DB_PLAN_CACHE_MODE": "auto; DROP TABLE sagas"})
+
+    assert "SAGA_DB_PLAN_CACHE_MODE" in str(info.value)
