@@ -58,9 +58,12 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
         findings.accepted.append(a)
     findings.ours_refund, findings.peer = await _side_by_side(settings, args)
     # Last: the preload leaves gigabytes of dirty pages and WAL that Postgres writes out for
-    # minutes after, which would slow every measurement behind it.
+    # minutes after, which would slow every measurement behind it (the growth run's own rounds
+    # alternate, so both of its sides share that).
     if args.stored:
-        findings.growth = await run_growth(settings, args.sagas, [1, busiest], args.stored)
+        findings.growth = await run_growth(
+            settings, args.sagas, [1, busiest], args.stored, args.rounds
+        )
         for pair in findings.growth:
             for result in pair:
                 print(_line(result), flush=True)
@@ -101,7 +104,12 @@ def main() -> None:
     parser.add_argument("--stored", type=int, default=1_000_000,
                         help="finished sagas stored for the growth run (0: none)")  # fmt: skip
     parser.add_argument("--peer-concurrency", type=int, nargs="*", default=[1, 64])
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds beside DBOS")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="alternating rounds: beside DBOS, and empty versus stored sagas",
+    )
     parser.add_argument("--commands", type=int, default=5000,
                         help="gated starts for the commands-accepted rate (0: skip)")  # fmt: skip
     parser.add_argument("--no-peer", action="store_true", help="skip DBOS (no bench extra)")
