@@ -29,12 +29,22 @@ def _line(r: Result) -> str:
             f"{r.wal_bytes_per_saga / 1024:.1f} kB WAL/saga, {r.outcomes}")  # fmt: skip
 
 
-async def _run(settings: Settings, plan: Plan) -> Result:
-    result = await run_benchmark(settings, plan)
+def _finished(result: Result) -> Result:
     print(_line(result), flush=True)
-    if sum(result.outcomes.values()) != plan.sagas:
+    if sum(result.outcomes.values()) != result.plan.sagas:
         raise SystemExit(f"not every saga finished: {result.outcomes}")
     return result
+
+
+async def _run(settings: Settings, plan: Plan) -> Result:
+    return _finished(await run_benchmark(settings, plan))
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
 
 
 async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
@@ -66,7 +76,7 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
         )
         for pair in findings.growth:
             for result in pair:
-                print(_line(result), flush=True)
+                _finished(result)
     return findings
 
 
@@ -106,7 +116,7 @@ def main() -> None:
     parser.add_argument("--peer-concurrency", type=int, nargs="*", default=[1, 64])
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=_positive,
         default=2,
         help="alternating rounds: beside DBOS, and empty versus stored sagas",
     )
