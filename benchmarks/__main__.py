@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,19 @@ async def _run(settings: Settings, plan: Plan) -> Result:
     return _finished(await run_benchmark(settings, plan))
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
-    return value
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argument type: a whole number of at least ``low``, named in argparse's error."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {low} or more, not {value}")
+        return value
+
+    return whole
 
 
 async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
@@ -108,23 +117,23 @@ async def _side_by_side(
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("--sagas", type=int, default=1000, help="sagas per run")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
-    parser.add_argument("--coordinators", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--stored", type=int, default=1_000_000,
+    parser.add_argument("--sagas", type=_at_least(1), default=1000, help="sagas per run")
+    parser.add_argument("--concurrency", type=_at_least(1), nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--coordinators", type=_at_least(1), nargs="+", default=[1, 2])
+    parser.add_argument("--stored", type=_at_least(0), default=1_000_000,
                         help="finished sagas stored for the growth run (0: none)")  # fmt: skip
-    parser.add_argument("--peer-concurrency", type=int, nargs="*", default=[1, 64])
+    parser.add_argument("--peer-concurrency", type=_at_least(1), nargs="*", default=[1, 64])
     parser.add_argument(
         "--rounds",
-        type=_positive,
+        type=_at_least(1),
         default=2,
         help="alternating rounds: beside DBOS, and empty versus stored sagas",
     )
-    parser.add_argument("--commands", type=int, default=5000,
+    parser.add_argument("--commands", type=_at_least(0), default=5000,
                         help="gated starts for the commands-accepted rate (0: skip)")  # fmt: skip
     parser.add_argument("--no-peer", action="store_true", help="skip DBOS (no bench extra)")
     parser.add_argument("--no-profile", action="store_true", help="no py-spy sampling")
-    parser.add_argument("--ceiling-messages", type=int, default=30000)
+    parser.add_argument("--ceiling-messages", type=_at_least(1), default=30000)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--smoke", action="store_true", help="a few sagas, no report")
     args = parser.parse_args()
