@@ -189,7 +189,9 @@ class Stack:
     def _coordinator_parts(
         self, bus: Bus, pool: asyncpg.Pool
     ) -> list[tuple[str, Coroutine[Any, Any, None]]]:
-        store = Store(pool, db_retry_s=self.settings.db_retry_s)
+        store = Store(
+            pool, db_retry_s=self.settings.db_retry_s, guarded=self.settings.guarded_apply
+        )
         self.coordinator = Coordinator(self.settings, self.catalog, bus, store)
         desk = DeadLetterDesk(store, self.coordinator.processor)
         url = database_url_for(self.settings, "coordinator")

@@ -12,12 +12,17 @@ statement of the same transaction, and a transaction that runs one (``waiting_fo
 nothing of that order.
 
 Entries are filled at commit only (a rolled-back write never shows), bounded (least recently
-used go first), and dropped when their saga ends: few messages come after that."""
+used go first), and dropped when their saga ends: few messages come after that.
+
+Orders are kept alike, with their row's version and the view the processor left them in: with
+both an order and its saga held, a group is decided without reading anything and written in
+one statement that holds the database to those versions (``saga_coordinator.guarded``)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from saga_coordinator.convoy import OrderView
 from saga_coordinator.register import TERMINAL, SagaState
 
 CAPACITY = 4096  # at a few kB each in Python objects: a few tens of MB at most
@@ -27,6 +32,7 @@ class RegisterCache:
     def __init__(self, capacity: int = CAPACITY) -> None:
         self._capacity = capacity
         self._entries: OrderedDict[str, tuple[str, SagaState]] = OrderedDict()
+        self._orders: OrderedDict[str, tuple[str, OrderView]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -50,3 +56,19 @@ class RegisterCache:
 
     def forget(self, saga_id: str) -> None:
         self._entries.pop(saga_id, None)
+
+    def order(self, order_id: str) -> tuple[str, OrderView] | None:
+        """The version of the order's row and the view held for it, or None."""
+        entry = self._orders.get(order_id)
+        if entry is not None:
+            self._orders.move_to_end(order_id)
+        return entry
+
+    def put_order(self, version: str, order: OrderView) -> None:
+        self._orders[order.order_id] = (version, order)
+        self._orders.move_to_end(order.order_id)
+        while len(self._orders) > self._capacity:
+            self._orders.popitem(last=False)
+
+    def forget_order(self, order_id: str) -> None:
+        self._orders.pop(order_id, None)

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Protocol
 
 from saga_coordinator.convoy import OrderView
+from saga_coordinator.guarded import GuardedTx
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow, Parked
 from saga_coordinator.store import Tx
@@ -79,3 +80,7 @@ class Transaction(Protocol):
 
 def _is_a_transaction(tx: Tx) -> Transaction:
     return tx  # mypy checks here that Postgres's transaction has every method of the interface
+
+
+def _is_a_guarded_transaction(tx: GuardedTx) -> Transaction:
+    return tx  # and so has the one decided on the cache

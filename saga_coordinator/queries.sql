@@ -91,16 +91,120 @@ WITH saved AS (
     FROM unnest($27::text[], $28::text[], $29::bigint[], $30::bigint[])
         AS v (order_id, active_saga_id, next_seq, handled)
     WHERE o.order_id = v.order_id
+    RETURNING o.order_id, o.xmin::text AS version
 )
--- The ids of the rows written, in the list's order (ids grow with it); the sagas' new row
--- versions, in theirs; and, for rows the relay publishes, its wake-up, delivered at commit, so
--- it never sees a row before it is visible.
+-- The ids of the rows written, in the list's order (ids grow with it); the sagas' and the
+-- orders' new row versions, in theirs; and, for rows the relay publishes, its wake-up,
+-- delivered at commit, so it never sees a row before it is visible.
 SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM sent) AS ids,
        (SELECT coalesce(array_agg(v.version ORDER BY s.n), '{}')
         FROM saved v JOIN unnest($1::text[]) WITH ORDINALITY AS s (saga_id, n)
             ON s.saga_id = v.saga_id) AS versions,
+       (SELECT coalesce(array_agg(v.version ORDER BY s.n), '{}')
+        FROM ordered v JOIN unnest($27::text[]) WITH ORDINALITY AS s (order_id, n)
+            ON s.order_id = v.order_id) AS order_versions,
        (SELECT pg_notify('saga_outbox', '') WHERE cardinality($14::text[]) > 0 AND NOT $31)
            AS woken;
+
+-- name: apply_batch
+-- The whole transaction of a group in one statement, without a claim: the decision was made on
+-- what this process committed last (saga_coordinator.cache), and the statement holds the
+-- database to it: each message new to the inbox, each order's and saga's row still at the
+-- version the decision read ($5, $11, $18; NULL: the row must not exist yet), no block, no
+-- parked message, and waiting sagas where the decision expected them. These are what `claim`
+-- would have read, under the same locks (the UPDATEs take them). If any differs, saga_guard
+-- raises and nothing of the statement stays. The writes are write_batch's, with the orders'
+-- and sagas' rows updated at the version read.
+WITH fresh AS (
+    INSERT INTO inbox (message_id, saga_id) SELECT * FROM unnest($1::text[], $2::text[])
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING message_id
+), held AS (
+    SELECT * FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::bigint[],
+                         $8::boolean[])
+        AS h (order_id, version, active_saga_id, next_seq, handled, has_waiting)
+), moved AS (
+    UPDATE orders o SET active_saga_id = h.active_saga_id, next_seq = h.next_seq,
+                        handled = h.handled, updated_at = now()
+    FROM held h WHERE o.order_id = h.order_id AND o.xmin::text = h.version
+    RETURNING o.order_id, o.xmin::text AS version
+), created AS (
+    INSERT INTO orders (order_id, active_saga_id, next_seq, handled)
+    SELECT h.order_id, h.active_saga_id, h.next_seq, h.handled FROM held h WHERE h.version IS NULL
+    ON CONFLICT (order_id) DO NOTHING
+    RETURNING order_id, xmin::text AS version
+), unchanged AS (
+    SELECT s.saga_id FROM sagas s
+    JOIN unnest($9::text[], $10::text[]) AS r (saga_id, version)
+        ON s.saga_id = r.saga_id AND s.xmin::text = r.version
+    FOR UPDATE OF s
+), written AS (
+    SELECT * FROM unnest($11::text[], $12::text[], $13::text[], $14::text[], $15::text[],
+                         $16::text[]) WITH ORDINALITY
+        AS w (saga_id, version, order_id, saga, status, state, n)
+), saved AS (
+    UPDATE sagas s SET status = w.status, state = w.state::jsonb, updated_at = $17
+    FROM written w WHERE s.saga_id = w.saga_id AND s.xmin::text = w.version
+    RETURNING s.saga_id, s.xmin::text AS version
+), born AS (
+    INSERT INTO sagas (saga_id, order_id, saga, status, state, created_at, updated_at)
+    SELECT w.saga_id, w.order_id, w.saga, w.status, w.state::jsonb, $17, $17
+    FROM written w WHERE w.version IS NULL
+    ON CONFLICT (saga_id) DO NOTHING
+    RETURNING saga_id, xmin::text AS version
+), armed AS (
+    INSERT INTO deadlines (saga_id, order_id, step, phase, idempotency_key, attempt, due_at)
+    SELECT d.* FROM unnest($18::text[], $19::text[], $20::int[], $21::text[], $22::text[],
+                           $23::int[], $24::timestamptz[])
+        AS d (saga_id, order_id, step, phase, idempotency_key, attempt, due_at)
+    WHERE d.due_at IS NOT NULL
+    ON CONFLICT (saga_id) DO UPDATE
+    SET step = EXCLUDED.step, phase = EXCLUDED.phase, idempotency_key = EXCLUDED.idempotency_key,
+        attempt = EXCLUDED.attempt, due_at = EXCLUDED.due_at
+), disarmed AS (
+    DELETE FROM deadlines
+    WHERE saga_id IN (SELECT d.saga_id FROM unnest($18::text[], $24::timestamptz[]) AS d (saga_id, due_at)
+                      WHERE d.due_at IS NULL)
+), sent AS (
+    INSERT INTO outbox (exchange, routing_key, message_id, message_type, order_id, body, headers,
+                        direct)
+    SELECT o.exchange, o.routing_key, o.message_id, o.message_type, o.order_id, o.body,
+           o.headers::jsonb, true
+    FROM unnest($25::text[], $26::text[], $27::text[], $28::text[], $29::text[], $30::bytea[],
+                $31::text[]) WITH ORDINALITY
+        AS o (exchange, routing_key, message_id, message_type, order_id, body, headers, n)
+    ORDER BY o.n
+    RETURNING id
+), published AS (
+    DELETE FROM outbox WHERE id = ANY($38::bigint[])
+), logged AS (
+    INSERT INTO saga_log (saga_id, order_id, message_id, message_type, note, seq)
+    SELECT l.saga_id, l.order_id, l.message_id, l.message_type, l.note, l.seq
+    FROM unnest($32::text[], $33::text[], $34::text[], $35::text[], $36::text[],
+                           $37::bigint[]) WITH ORDINALITY
+        AS l (saga_id, order_id, message_id, message_type, note, seq, n)
+    ORDER BY l.n
+)
+SELECT saga_guard(
+           (SELECT count(*) FROM fresh) = cardinality($1::text[])
+           AND (SELECT count(*) FROM moved) + (SELECT count(*) FROM created)
+               = cardinality($3::text[])
+           AND (SELECT count(*) FROM unchanged) = cardinality($9::text[])
+           AND (SELECT count(*) FROM saved) + (SELECT count(*) FROM born)
+               = cardinality($11::text[])
+           AND NOT EXISTS (SELECT 1 FROM order_blocks b WHERE b.order_id = ANY($3::text[]))
+           AND NOT EXISTS (SELECT 1 FROM parked p WHERE p.order_id = ANY($3::text[]))
+           AND NOT EXISTS (SELECT 1 FROM held h WHERE h.has_waiting IS DISTINCT FROM EXISTS (
+               SELECT 1 FROM sagas w WHERE w.order_id = h.order_id AND w.status = 'waiting'))
+       ) AS held,
+       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM sent) AS ids,
+       (SELECT coalesce(array_agg(v.version ORDER BY w.n), '{}')
+        FROM (SELECT * FROM saved UNION ALL SELECT * FROM born) v
+        JOIN written w ON w.saga_id = v.saga_id) AS versions,
+       (SELECT coalesce(array_agg(v.version ORDER BY h.n), '{}')
+        FROM (SELECT * FROM moved UNION ALL SELECT * FROM created) v
+        JOIN unnest($3::text[]) WITH ORDINALITY AS h (order_id, n) ON h.order_id = v.order_id)
+           AS order_versions;
 
 -- name: seq_assign
 -- The order's next command number, or the one this message already got (a redelivery).

@@ -11,24 +11,28 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
+from saga_coordinator import guarded
 from saga_coordinator.cache import RegisterCache
 from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow, Parked
+from saga_coordinator.writes import Writes, columns
 from shared.codec import Identity, peek
 from shared.errors import RetryLater
 from shared.failures import Q as FQ
 from shared.messages import Envelope
 from shared.sql import TRANSIENT_DB_ERRORS, Queries, is_transient
 from shared.text import clean
+
+if TYPE_CHECKING:
+    from saga_coordinator.ports import Transaction
 
 log = logging.getLogger(__name__)
 Q = Queries(Path(__file__).with_name("queries.sql"))
@@ -55,16 +59,7 @@ async def _original_sender(
     return (False, None) if row is None else (True, row["sender"])
 
 
-class _Deadline(NamedTuple):
-    order_id: str
-    step: int
-    phase: str
-    key: str
-    attempt: int
-    due_at: datetime | None  # None disarms
-
-
-class Tx:
+class Tx(Writes):
     """The statements of one transaction. Created by ``Store.run``.
 
     Writes of the hot path (sagas, deadlines, outbox, log, order) are buffered and go as one
@@ -79,19 +74,15 @@ class Tx:
         commit (the relay takes them only if it does not); ``delete``: ids of rows it published
         since, deleted with this transaction's first write; ``cache``: registers the claim
         need not read again, and where the ones written go once committed."""
+        super().__init__()
         self.conn = conn
         self.direct = direct
         self._delete = list(delete)
         self._cache = cache
         self._written: dict[str, tuple[str, SagaState]] = {}  # saga id -> (row version, register)
+        self._written_orders: dict[str, tuple[str, OrderView]] = {}
         self._uncached: set[str] = set()  # orders whose registers a direct statement changed
         self.sent: list[tuple[int, OutboxRow]] = []  # the outbox rows written, with their ids
-        self._sagas: dict[str, SagaState] = {}
-        self._deadlines: dict[str, _Deadline] = {}
-        self._outbox: list[OutboxRow] = []
-        self._log: list[tuple[str, str, str, str, str, int | None]] = []
-        self._orders: dict[str, OrderView] = {}
-        self._now: datetime | None = None
         self._refusals: list[tuple[Any, ...]] = []
 
     async def claim(self, messages: Sequence[Envelope]) -> list[Claim]:
@@ -117,9 +108,6 @@ class Tx:
         row = await self.conn.fetchrow(Q.order_lock, order_id)
         assert row is not None
         return _order_view(order_id, row)
-
-    def save_order(self, order: OrderView) -> None:
-        self._orders[order.order_id] = order
 
     async def block(self, order_id: str, message_id: str, state: str, reason: str) -> int:
         """Block the order by this message; returns the block's arrival number."""
@@ -198,25 +186,6 @@ class Tx:
         await self.conn.execute(Q.waiting_for_update, order_id, saga_id)
         self._uncached.add(order_id)
 
-    def save_saga(self, state: SagaState, *, now: datetime) -> None:
-        self._sagas[state.saga_id] = state
-        self._now = now
-
-    def log(self, message: Envelope, saga_id: str, note: str, seq: int | None) -> None:
-        self._log.append((saga_id, message.order_id, message.message_id, message.type, note, seq))
-
-    def arm_deadline(
-        self, state: SagaState, step: int, phase: str, key: str, attempt: int, due_at: datetime
-    ) -> None:
-        armed = _Deadline(state.order_id, step, phase, key, attempt, due_at)
-        self._deadlines[state.saga_id] = armed
-
-    def disarm_deadline(self, saga_id: str) -> None:
-        self._deadlines[saga_id] = _Deadline("", 0, "", "", 0, None)
-
-    def outbox(self, rows: Sequence[OutboxRow]) -> None:
-        self._outbox.extend(rows)
-
     async def flush(self, *, before_statement: bool = False) -> None:
         """Send the buffered writes, if any, as one statement (refusals, rare, as another).
         ``before_statement``: another statement follows, which needs only the writes it may
@@ -225,25 +194,17 @@ class Tx:
         round trip of its own before the claim."""
         if self._refusals:
             refusals, self._refusals = self._refusals, []
-            await self.conn.execute(Q.rejection_record_refusal, *_columns(refusals, 8))
-        writes = self._sagas or self._deadlines or self._outbox or self._log or self._orders
-        if not writes and (before_statement or not self._delete):
+            await self.conn.execute(Q.rejection_record_refusal, *columns(refusals, 8))
+        if not self.pending and (before_statement or not self._delete):
             return
-        sagas, deadlines, out, log_rows, orders = (
-            list(self._sagas.values()), self._deadlines, self._outbox, self._log,
-            list(self._orders.values()),
-        )  # fmt: skip
-        self._sagas, self._deadlines, self._outbox, self._log, self._orders = {}, {}, [], [], {}
+        now = self._now
+        sagas, out, orders, rest = self.take()
         delete, self._delete = self._delete, []
         row = await self.conn.fetchrow(
             Q.write_batch,
             [s.saga_id for s in sagas], [s.order_id for s in sagas], [s.saga for s in sagas],
-            [s.status for s in sagas], [s.model_dump_json() for s in sagas], self._now,
-            list(deadlines), *_columns(list(deadlines.values()), 6),
-            *_columns([(r.exchange, r.routing_key, r.message_id, r.message_type, r.order_id,
-                        r.body, json.dumps(r.headers)) for r in out], 7),
-            *_columns(log_rows, 6),
-            *_columns([(o.order_id, o.active_saga_id, o.next_seq, o.handled) for o in orders], 4),
+            [s.status for s in sagas], [s.model_dump_json() for s in sagas], now, *rest,
+            *columns([(o.order_id, o.active_saga_id, o.next_seq, o.handled) for o in orders], 4),
             self.direct, delete,
         )  # fmt: skip
         assert row is not None
@@ -251,9 +212,14 @@ class Tx:
         self._written.update(
             (s.saga_id, (version, s)) for s, version in zip(sagas, row["versions"], strict=True)
         )
+        self._written_orders.update(
+            (o.order_id, (version, o))
+            for o, version in zip(orders, row["order_versions"], strict=True)
+        )
 
     def committed(self) -> None:
-        """The transaction committed: the registers it wrote are the database's now."""
+        """The transaction committed: the registers and orders it wrote are the database's
+        now (but for an order a later statement of it changed)."""
         if self._cache is None:
             return
         for version, state in self._written.values():
@@ -261,6 +227,11 @@ class Tx:
                 self._cache.forget(state.saga_id)
             else:
                 self._cache.put(version, state)
+        for version, order in self._written_orders.values():
+            if order.order_id in self._uncached:
+                self._cache.forget_order(order.order_id)
+            else:
+                self._cache.put_order(version, order)
 
 
 def _register(row: asyncpg.Record, held: tuple[str, SagaState] | None) -> SagaState | None:
@@ -274,11 +245,6 @@ def _register(row: asyncpg.Record, held: tuple[str, SagaState] | None) -> SagaSt
     return SagaState.model_validate_json(row["saga"])
 
 
-def _columns(rows: Sequence[Any], width: int) -> list[list[Any]]:
-    """Rows to the column arrays ``unnest`` takes."""
-    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
-
-
 def _order_view(order_id: str, row: asyncpg.Record) -> OrderView:
     blocks = tuple(Block(b["message_id"], b["state"]) for b in json.loads(row["blocks"]))
     return OrderView(
@@ -288,31 +254,46 @@ def _order_view(order_id: str, row: asyncpg.Record) -> OrderView:
 
 
 class Store:
-    def __init__(self, pool: asyncpg.Pool, *, db_retry_s: float = 30.0) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, db_retry_s: float = 30.0, guarded: bool = True
+    ) -> None:
+        """``guarded``: a group whose every message finds its saga and order in the cache is
+        written in one guarded statement (``saga_coordinator.guarded``)."""
         self.pool = pool
         self._db_retry_s = db_retry_s
         self.cache = RegisterCache()
+        self.guarded = guarded
 
     async def run(self, work: Callable[[Tx], Awaitable[T]]) -> T:
         """``work`` in one transaction, retried from the start while the database is away."""
-        result, _ = await self.run_publishing(work, direct=False)
+        result, _ = await self._retrying(lambda: self._transaction(work, direct=False))
         return result
 
     async def run_publishing(
-        self, work: Callable[[Tx], Awaitable[T]], *, direct: bool = True, delete: Sequence[int] = ()
+        self, work: Callable[[Transaction], Awaitable[T]], *, delete: Sequence[int] = ()
     ) -> tuple[T, list[tuple[int, OutboxRow]]]:
         """``run``, for a caller that publishes the outbox rows itself once committed: returns
-        them with their ids too (see ``Tx``)."""
+        them with their ids too (see ``Tx``). ``work`` sees only the processor's interface, so
+        it may run on the cache first and be written in one guarded statement."""
 
         async def once() -> tuple[T, list[tuple[int, OutboxRow]]]:
-            async with self.pool.acquire() as conn, conn.transaction():
-                tx = Tx(conn, direct=direct, delete=delete, cache=self.cache)
-                result = await work(tx)
-                await tx.flush()
-            tx.committed()
-            return result, tx.sent
+            if self.guarded:
+                done = await guarded.attempt(self.pool, self.cache, work, delete)
+                if done is not None:
+                    return done
+            return await self._transaction(work, direct=True, delete=delete)
 
         return await self._retrying(once)
+
+    async def _transaction(
+        self, work: Callable[[Tx], Awaitable[T]], *, direct: bool, delete: Sequence[int] = ()
+    ) -> tuple[T, list[tuple[int, OutboxRow]]]:
+        async with self.pool.acquire() as conn, conn.transaction():
+            tx = Tx(conn, direct=direct, delete=delete, cache=self.cache)
+            result = await work(tx)
+            await tx.flush()
+        tx.committed()
+        return result, tx.sent
 
     async def forget_published(self, ids: Sequence[int]) -> None:
         """Delete outbox rows already published (when no transaction came to carry it)."""

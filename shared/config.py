@@ -180,6 +180,10 @@ class Settings(BaseSettings):
     db_plan_cache_mode: Literal["auto", "force_generic_plan", "force_custom_plan"] = (
         "force_generic_plan"
     )
+    # A group whose every message finds its order and saga as this coordinator last wrote them
+    # is decided without reading and written in one statement that checks they still are
+    # (``saga_coordinator.guarded``); off: every group is a transaction that reads under locks.
+    guarded_apply: bool = True
     # On SIGTERM, how long the deliveries in hand may take to finish before the process exits.
     stop_grace_s: Seconds = 30.0
     # Which lifecycle events go to the public events exchange: comma-separated patterns of

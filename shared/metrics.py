@@ -41,6 +41,13 @@ BATCH_SIZE = Histogram(
     "Partition messages applied in one coordinator transaction",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+GROUPS = Counter(
+    "saga_group_commits",
+    "Coordinator groups by how they were written: guarded (one statement on the cache), "
+    "not_held (a transaction: the cache could not answer), stale (a transaction: the guard "
+    "found the database changed)",
+    ["path"],
+)
 ORDERS_BLOCKED = Gauge("saga_orders_blocked", "Orders held by a failed or dead-lettered message")
 SAGAS_WAITING = Gauge("saga_sagas_waiting", "Sagas queued behind another saga of their order")
 PEOPLE_QUEUE = Gauge(

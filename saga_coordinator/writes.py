@@ -1,0 +1,81 @@
+"""The writes of one coordinator transaction, buffered until they go to Postgres as arrays in one
+statement (``write_batch``, or ``apply_batch`` for a group decided on the cache): registers,
+deadlines, outbox rows, log lines and orders. ``store.Tx`` and ``guarded.GuardedTx`` share it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from saga_coordinator.convoy import OrderView
+from saga_coordinator.register import SagaState
+from saga_coordinator.rows import OutboxRow
+from shared.messages import Envelope
+
+
+class Deadline(NamedTuple):
+    order_id: str
+    step: int
+    phase: str
+    key: str
+    attempt: int
+    due_at: datetime | None  # None disarms
+
+
+def columns(rows: Sequence[Any], width: int) -> list[list[Any]]:
+    """Rows to the column arrays ``unnest`` takes."""
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[]] * width
+
+
+class Writes:
+    """What a transaction decided to write, in the order it decided it; the last write of a saga,
+    a deadline or an order wins."""
+
+    def __init__(self) -> None:
+        self._sagas: dict[str, SagaState] = {}
+        self._deadlines: dict[str, Deadline] = {}
+        self._outbox: list[OutboxRow] = []
+        self._log: list[tuple[str, str, str, str, str, int | None]] = []
+        self._orders: dict[str, OrderView] = {}
+        self._now: datetime | None = None
+
+    def save_saga(self, state: SagaState, *, now: datetime) -> None:
+        self._sagas[state.saga_id] = state
+        self._now = now
+
+    def save_order(self, order: OrderView) -> None:
+        self._orders[order.order_id] = order
+
+    def log(self, message: Envelope, saga_id: str, note: str, seq: int | None) -> None:
+        self._log.append((saga_id, message.order_id, message.message_id, message.type, note, seq))
+
+    def arm_deadline(
+        self, state: SagaState, step: int, phase: str, key: str, attempt: int, due_at: datetime
+    ) -> None:
+        self._deadlines[state.saga_id] = Deadline(state.order_id, step, phase, key, attempt, due_at)
+
+    def disarm_deadline(self, saga_id: str) -> None:
+        self._deadlines[saga_id] = Deadline("", 0, "", "", 0, None)
+
+    def outbox(self, rows: Sequence[OutboxRow]) -> None:
+        self._outbox.extend(rows)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._sagas or self._deadlines or self._outbox or self._log or self._orders)
+
+    def take(self) -> tuple[list[SagaState], list[OutboxRow], list[OrderView], list[list[Any]]]:
+        """Empty the buffer: the registers, outbox rows and orders to write, and the columns
+        of the deadlines (7), the outbox rows (7) and the log lines (6), in that order."""
+        sagas, out, orders = list(self._sagas.values()), self._outbox, list(self._orders.values())
+        deadlines, log_rows = self._deadlines, self._log
+        self._sagas, self._deadlines, self._outbox, self._log, self._orders = {}, {}, [], [], {}
+        rest = [
+            list(deadlines), *columns(list(deadlines.values()), 6),
+            *columns([(r.exchange, r.routing_key, r.message_id, r.message_type, r.order_id,
+                       r.body, json.dumps(r.headers)) for r in out], 7),
+            *columns(log_rows, 6),
+        ]  # fmt: skip
+        return sagas, out, orders, rest
