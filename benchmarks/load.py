@@ -69,7 +69,10 @@ async def run_load(settings: Settings, run: str, sagas: int, concurrency: int, m
             bus.topology.events_exchange, ExchangeType.TOPIC, durable=True
         )
         queue = await channel.declare_queue(exclusive=True, auto_delete=True)
-        await queue.bind(exchange, routing_key="saga.#")  # lifecycle events only
+        # An agent waiting for its sagas' outcomes hears only the final events: the others
+        # (saga.started, ...) are routed to nobody, as when no service listens for them.
+        for key in FINAL:
+            await queue.bind(exchange, routing_key=key)
         waiting: dict[str, asyncio.Future[str]] = {}
         events = 0
 
