@@ -15,7 +15,15 @@ from typing import Any
 
 from benchmarks.ceiling import broker_ceiling
 from benchmarks.commands import commands_accepted
-from benchmarks.harness import Plan, Result, pooled, run_benchmark, run_growth
+from benchmarks.harness import (
+    RUN_DEPTH,
+    Plan,
+    Result,
+    pooled,
+    run_benchmark,
+    run_growth,
+    sagas_for,
+)
 from benchmarks.report import Findings, PeerRun, write
 from shared import loop
 from shared.config import Settings
@@ -62,10 +70,13 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
     print(f"raw broker ceiling: {ceiling:.0f} msgs/s from {processes} processes", flush=True)
     busiest = max(args.concurrency)
     sweep = [
-        await _run(settings, Plan(args.sagas, c, profile=c == busiest and not args.no_profile))
+        await _run(
+            settings,
+            Plan(sagas_for(args.sagas, c), c, profile=c == busiest and not args.no_profile),
+        )
         for c in args.concurrency
     ]
-    base = Plan(args.sagas, busiest)
+    base = Plan(sagas_for(args.sagas, busiest), busiest)
     findings = Findings(ceiling, processes, sweep)
     for n in args.coordinators:
         if n != 1:
@@ -103,10 +114,11 @@ async def _side_by_side(
     for c in args.peer_concurrency:
         mine: list[Result] = []
         theirs: dict[int, list[Any]] = {n: [] for n in sorted({1, min(cores, c)})}
+        sagas = sagas_for(args.sagas, c)
         for _ in range(args.rounds):
-            mine.append(await _run(settings, Plan(args.sagas, c, mix="refund")))
+            mine.append(await _run(settings, Plan(sagas, c, mix="refund")))
             for n, runs in ({} if args.no_peer else theirs).items():
-                peer = await run_dbos_processes(settings.database_url, args.sagas, c, n)
+                peer = await run_dbos_processes(settings.database_url, sagas, c, n)
                 print(f"{peer.name} x{n} c={c}: {peer.rate:.1f} sagas/s, "
                       f"p50 {peer.percentile(50):.1f} ms", flush=True)  # fmt: skip
                 runs.append(peer)
@@ -117,12 +129,19 @@ async def _side_by_side(
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
-    parser.add_argument("--sagas", type=_at_least(1), default=1000, help="sagas per run")
-    parser.add_argument("--concurrency", type=_at_least(1), nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument(
+        "--sagas", type=_at_least(1), default=1000,
+        help=f"sagas per run (at least {RUN_DEPTH} per saga in flight)",
+    )  # fmt: skip
+    parser.add_argument("--concurrency", type=_at_least(1), nargs="+",
+                        default=[1, 4, 16, 64, 256])  # fmt: skip
     parser.add_argument("--coordinators", type=_at_least(1), nargs="+", default=[1, 2])
     parser.add_argument("--stored", type=_at_least(0), default=1_000_000,
                         help="finished sagas stored for the growth run (0: none)")  # fmt: skip
-    parser.add_argument("--peer-concurrency", type=_at_least(1), nargs="*", default=[1, 64])
+    parser.add_argument("--peer-concurrency", type=_at_least(1), nargs="*",
+                        default=[1, 16, 64, 256],
+                        help="refunds beside DBOS at these; ratios at 1, 64 and each side's "
+                             "best")  # fmt: skip
     parser.add_argument(
         "--rounds",
         type=_at_least(1),

@@ -200,6 +200,15 @@ def settings_for_run(base: Settings, run: str) -> Settings:
     )
 
 
+RUN_DEPTH = 8  # a run holds at least this many sagas per one in flight
+
+
+def sagas_for(sagas: int, concurrency: int) -> int:
+    """Sagas of one run: at least ``RUN_DEPTH`` per saga in flight, so that the ramp up and
+    the tail (fewer in flight than asked) stay a small part of it."""
+    return max(sagas, RUN_DEPTH * concurrency)
+
+
 async def run_benchmark(base: Settings, plan: Plan) -> Result:
     """One measurement in a fresh namespace and database."""
     async with _fresh(base) as settings:
@@ -224,7 +233,7 @@ async def run_growth(
         for _ in range(rounds):
             for c in concurrencies:
                 for settings, is_full in ((empty, False), (full, True)):
-                    plan = Plan(sagas, c, preload=stored if is_full else 0)
+                    plan = Plan(sagas_for(sagas, c), c, preload=stored if is_full else 0)
                     runs.setdefault((c, is_full), []).append(await _measure(settings, plan, []))
     pairs = [(pooled(runs[c, False]), pooled(runs[c, True])) for c in concurrencies]
     for _, grown in pairs:

@@ -1,0 +1,64 @@
+"""The benchmark report's targets: the ratios to the peer are taken at concurrency 64 and with
+each side at its best rate, whatever concurrency that was, and every figure comes from the runs
+it names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from benchmarks.harness import Plan, Result
+from benchmarks.report import Findings, targets_table
+
+
+def ours(concurrency: int, rate: float, cpu: float) -> Result:
+    sagas = 1000
+    return Result(
+        plan=Plan(sagas, concurrency, mix="refund"), seconds=sagas / rate,
+        latencies_ms=[10.0] * sagas, outcomes={"saga.completed": sagas}, messages_per_saga=9.0,
+        transactions_per_saga=1.0, cpu_ms_per_saga={"coordinator-0": cpu, "load": 9.9},
+        quorum_messages_per_saga=7.0,
+    )  # fmt: skip
+
+
+@dataclass
+class Peer:
+    concurrency: int
+    processes: int
+    rate: float
+    name: str = "DBOS"
+    latencies_ms: list[float] = field(default_factory=lambda: [5.0])
+    outcomes: dict[str, int] = field(default_factory=dict)
+    transactions_per_saga: float = 19.0
+    cpu_ms_per_saga: float = 10.0
+    postgres_cpu_ms_per_saga: float = 2.0
+
+    def percentile(self, p: float) -> float:
+        return 5.0
+
+
+def row(lines: list[str], start: str) -> list[str]:
+    found = [line for line in lines if line.startswith(f"| {start}")]
+    assert len(found) == 1, (start, lines)
+    return [cell.strip() for cell in found[0].strip("|").split("|")]
+
+
+def test_the_peer_ratios_at_64_and_with_each_side_at_its_best() -> None:
+    runs = [ours(1, 50.0, 20.0), ours(64, 300.0, 5.5), ours(256, 420.0, 4.0)]
+    peers = [Peer(16, 1, 100.0), Peer(64, 1, 85.0), Peer(16, 2, 210.0), Peer(64, 2, 180.0)]
+    findings = Findings(5000.0, 3, [runs[1]], ours_refund=runs, peer=peers)
+
+    lines = targets_table(findings)
+
+    assert row(lines, "x DBOS in 2 process(es), concurrency 64")[2:] == ["1.67x", "**no**"]
+    at_best = row(lines, "x DBOS in 2 process(es), each at its best")
+    assert "ours: concurrency 256, 420.0 sagas/s; DBOS: concurrency 16, 210.0" in at_best[0]
+    assert at_best[2:] == ["2.00x", "yes"]
+    assert row(lines, "x DBOS in 1 process(es), each at its best")[2:] == ["4.20x", "yes"]
+    # CPU without the agents' load, at 64 and at the best rate
+    assert row(lines, "CPU per refund saga, all processes (concurrency 64)")[2:] == [
+        "5.5 ms", "**no**"
+    ]  # fmt: skip
+    assert row(lines, "CPU per refund saga, all processes (concurrency 256)")[2:] == [
+        "4.0 ms", "yes"
+    ]  # fmt: skip
+    assert row(lines, "efficiency, refund sagas (concurrency 256)")[2] == "0.59"
