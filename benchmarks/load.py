@@ -11,18 +11,26 @@ from typing import Literal
 
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage, ExchangeType
-from pydantic import JsonValue, TypeAdapter
+from pydantic import BaseModel, JsonValue, TypeAdapter
 
 from services.faults import add_fault
 from shared.bus import Bus
-from shared.codec import decode
 from shared.config import Settings
-from shared.messages import SagaEvent, StartSaga
+from shared.messages import StartSaga
 
 Mix = Literal["mixed", "refund"]
 MIXES: tuple[Mix, ...] = ("mixed", "refund")
 FINAL = ("saga.completed", "saga.compensated", "saga.needs_human")
-_EVENT: TypeAdapter[SagaEvent] = TypeAdapter(SagaEvent)
+
+
+class _Final(BaseModel):
+    """What the load reads of a final event."""
+
+    saga_id: str
+    type: str
+
+
+_FINAL_EVENT: TypeAdapter[_Final] = TypeAdapter(_Final)
 PARAMS: dict[str, JsonValue] = {
     "sku": "SKU-1", "quantity": 1, "amount_cents": 4999, "customer_email": "a@example.com",
     "card_token": "tok_1", "address": "1 Main Street",
@@ -79,7 +87,10 @@ async def run_load(settings: Settings, run: str, sagas: int, concurrency: int, m
         async def on_event(message: AbstractIncomingMessage) -> None:
             nonlocal events
             events += 1
-            event = decode(message.body, _EVENT, max_bytes=settings.max_message_bytes)
+            # The saga and the kind only: the register the event carries is not this load's
+            # to check (the client library's waiting agents do), and parsing it would take
+            # CPU from the stack on this machine.
+            event = _FINAL_EVENT.validate_json(message.body)
             future = waiting.get(event.saga_id)
             if event.type in FINAL and future is not None and not future.done():
                 future.set_result(event.type)
