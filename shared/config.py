@@ -159,7 +159,8 @@ class Settings(BaseSettings):
     partition_batch: Count = 32
     # How many such batches a partition has in hand at once: the next is handed in while the
     # one before commits (never two messages of one order); 1 waits for each batch's outcome.
-    partition_depth: Count = 2
+    # 3 against 2: 317.6 -> 329.0 refunds/s at 64 in flight, alternating rounds (none at 256).
+    partition_depth: Count = 3
     # The AMQP frames queued together go out in one socket write (``shared.frames``).
     coalesce_frames: bool = True
     relay_batch: Count = 200

@@ -192,6 +192,30 @@ async def test_with_depth_two_a_delivery_without_an_order_waits_for_all_and_all_
     await gated.close()
 
 
+async def test_with_depth_three_three_batches_in_hand_settle_in_queue_order() -> None:
+    gated = Gated(["a", "b", "c", "d", "e", "f", "g", "h"], depth=3)
+    await gated.let_go()
+    assert gated.started() == ["m1", "m2", "m3", "m4", "m5", "m6"]
+    await gated.let_go("m5", "m6", "m3", "m4")
+    assert gated.wire == [], "a later batch settled before the first"
+    assert len(gated.started()) == 6, "a fourth batch while three are in hand"
+    await gated.let_go("m1", "m2")
+    assert gated.started() == [f"m{t}" for t in range(1, 9)]
+    await gated.close()
+    assert gated.wire == [("ack", 8, True)]
+
+
+async def test_with_depth_three_an_order_in_any_batch_in_hand_holds_its_next_delivery() -> None:
+    gated = Gated(["a", "b", "c", "d", "a", "e"], depth=3)
+    await gated.let_go()
+    assert gated.started() == ["m1", "m2", "m3", "m4"], "m5 started while m1 is in hand"
+    await gated.let_go("m3", "m4")
+    assert gated.started() == ["m1", "m2", "m3", "m4"]
+    await gated.let_go("m1", "m2")
+    assert gated.started() == ["m1", "m2", "m3", "m4", "m5", "m6"]
+    await gated.close()
+
+
 class ClosedChannel(Delivery):
     async def ack(self, multiple: bool = False) -> None:
         raise ChannelInvalidStateError()
