@@ -21,54 +21,69 @@ one statement that holds the database to those versions (``saga_coordinator.guar
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Generic, TypeVar
 
 from saga_coordinator.convoy import OrderView
 from saga_coordinator.register import TERMINAL, SagaState
 
 CAPACITY = 4096  # at a few kB each in Python objects: a few tens of MB at most
+V = TypeVar("V")
 
 
-class RegisterCache:
-    def __init__(self, capacity: int = CAPACITY) -> None:
+class _Recent(Generic[V]):
+    """Entries by key, at most ``capacity``: the least recently used go first."""
+
+    def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._entries: OrderedDict[str, tuple[str, SagaState]] = OrderedDict()
-        self._orders: OrderedDict[str, tuple[str, OrderView]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[str, V]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    def get(self, key: str) -> tuple[str, V] | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: str, version: str, value: V) -> None:
+        self._entries[key] = (version, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._capacity:
+            self._entries.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        self._entries.pop(key, None)
+
+
+class RegisterCache:
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self._sagas: _Recent[SagaState] = _Recent(capacity)
+        self._orders: _Recent[OrderView] = _Recent(capacity)
+
+    def __len__(self) -> int:
+        return len(self._sagas)
+
     def get(self, saga_id: str) -> tuple[str, SagaState] | None:
         """The version and register held for ``saga_id``, or None."""
-        entry = self._entries.get(saga_id)
-        if entry is not None:
-            self._entries.move_to_end(saga_id)
-        return entry
+        return self._sagas.get(saga_id)
 
     def put(self, version: str, state: SagaState) -> None:
         """``state`` as the database holds it at ``version``, once its transaction committed."""
         if state.status in TERMINAL:
-            self._entries.pop(state.saga_id, None)
-            return
-        self._entries[state.saga_id] = (version, state)
-        self._entries.move_to_end(state.saga_id)
-        while len(self._entries) > self._capacity:
-            self._entries.popitem(last=False)
+            self._sagas.forget(state.saga_id)
+        else:
+            self._sagas.put(state.saga_id, version, state)
 
     def forget(self, saga_id: str) -> None:
-        self._entries.pop(saga_id, None)
+        self._sagas.forget(saga_id)
 
     def order(self, order_id: str) -> tuple[str, OrderView] | None:
         """The version of the order's row and the view held for it, or None."""
-        entry = self._orders.get(order_id)
-        if entry is not None:
-            self._orders.move_to_end(order_id)
-        return entry
+        return self._orders.get(order_id)
 
     def put_order(self, version: str, order: OrderView) -> None:
-        self._orders[order.order_id] = (version, order)
-        self._orders.move_to_end(order.order_id)
-        while len(self._orders) > self._capacity:
-            self._orders.popitem(last=False)
+        self._orders.put(order.order_id, version, order)
 
     def forget_order(self, order_id: str) -> None:
-        self._orders.pop(order_id, None)
+        self._orders.forget(order_id)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from saga_coordinator.cache import RegisterCache
+from saga_coordinator.convoy import OrderView
 from saga_coordinator.register import SagaState
 from tests.unit.factories import REFUND_PARAMS, Driver, real_catalog, start_named
 
@@ -44,3 +45,19 @@ def test_a_register_that_ended_is_not_kept() -> None:
     cache.put("2", state.evolve(status="completed"))
 
     assert cache.get("saga-a") is None and len(cache) == 0
+
+
+def test_orders_are_held_with_their_version_the_least_recently_used_going_first() -> None:
+    cache = RegisterCache(capacity=2)
+    a, b, c = (OrderView(f"order-{x}", None, 1, 0, has_waiting=False) for x in "abc")
+    cache.put_order("1", a)
+    cache.put_order("2", b)
+    assert cache.order("order-a") == ("1", a)
+
+    cache.put_order("3", c)
+
+    assert cache.order("order-b") is None
+    assert cache.order("order-a") == ("1", a) and cache.order("order-c") == ("3", c)
+    cache.forget_order("order-a")
+    assert cache.order("order-a") is None
+    assert len(cache) == 0  # counts registers, not orders
