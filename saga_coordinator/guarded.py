@@ -27,7 +27,7 @@ from saga_coordinator.cache import RegisterCache
 from saga_coordinator.convoy import OrderView
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow, Parked
-from saga_coordinator.writes import Writes, columns
+from saga_coordinator.writes import Writes, columns, order_row
 from shared import metrics
 from shared.messages import Envelope
 from shared.sql import Queries
@@ -149,9 +149,9 @@ class GuardedTx(Writes):
         row = await conn.fetchrow(
             Q.apply_batch,
             [h.message.message_id for h in self._held], [h.message.saga_id for h in self._held],
-            *columns([(h.order.order_id, h.order_version, *_order_columns(
-                left.get(h.order.order_id, h.order)), h.order.has_waiting)
-                for h in self._held], 6),
+            *columns([(h.order.order_id, h.order_version,
+                       *order_row(left.get(h.order.order_id, h.order))[1:], h.order.has_waiting)
+                      for h in self._held], 6),
             [h.message.saga_id for h in unchanged], [h.saga_version for h in unchanged],
             [s.saga_id for s in sagas], [by_id[s.saga_id].saga_version for s in sagas],
             [s.order_id for s in sagas], [s.saga for s in sagas], [s.status for s in sagas],
@@ -166,6 +166,7 @@ class GuardedTx(Writes):
         ]
 
     def committed(self) -> None:
+        self.counted()
         for version, state in self._versions:
             self._cache.put(version, state)
         for version, order in self._order_versions:
@@ -176,10 +177,6 @@ class GuardedTx(Writes):
         for h in self._held:
             self._cache.forget(h.message.saga_id)
             self._cache.forget_order(h.message.order_id)
-
-
-def _order_columns(order: OrderView) -> tuple[str | None, int, int]:
-    return order.active_saga_id, order.next_seq, order.handled
 
 
 async def attempt(

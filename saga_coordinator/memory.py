@@ -18,6 +18,8 @@ from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.ports import Transaction
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow, Parked
+from saga_coordinator.transition import Event
+from saga_coordinator.writes import count_events
 from shared.messages import DeadlineReached, Envelope
 
 T = TypeVar("T")
@@ -65,6 +67,7 @@ class MemoryTx:
     def __init__(self, state: MemoryState) -> None:
         self.s = state
         self.sent: list[tuple[int, OutboxRow]] = []
+        self.events: list[Event] = []  # counted by the store once the work returns
 
     def _view(self, order_id: str) -> OrderView:
         active, next_seq, handled = self.s.orders.setdefault(order_id, (None, 1, 0))
@@ -171,6 +174,9 @@ class MemoryTx:
     def disarm_deadline(self, saga_id: str) -> None:
         self.s.deadlines.pop(saga_id, None)
 
+    def count(self, events: Sequence[Event]) -> None:
+        self.events.extend(events)
+
     def outbox(self, rows: Sequence[OutboxRow]) -> None:
         for row in rows:
             written = (self.s.next(), row)
@@ -198,6 +204,7 @@ class MemoryStore:
         tx = MemoryTx(copy.deepcopy(self.state))
         result = await work(tx)
         self.state = tx.s
+        count_events(tx.events)
         return result, tx.sent
 
     def take_outbox(self) -> list[OutboxRow]:

@@ -14,6 +14,7 @@ from saga_coordinator.guarded import GuardedTx
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow, Parked
 from saga_coordinator.store import Tx
+from saga_coordinator.transition import Event
 from shared.messages import Envelope
 
 
@@ -74,6 +75,9 @@ class Transaction(Protocol):
 
     def outbox(self, rows: Sequence[OutboxRow]) -> None:
         """Messages to publish once the transaction commits, in this order."""
+
+    def count(self, events: Sequence[Event]) -> None:
+        """Lifecycle events for the saga counters, counted once the transaction commits."""
 
     async def flush(self) -> None: ...
 

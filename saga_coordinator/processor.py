@@ -23,7 +23,7 @@ from saga_coordinator.ports import Transaction as Tx
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow
 from saga_coordinator.transition import Event, Reply, Transition
-from shared import metrics, tracing
+from shared import tracing
 from shared.catalog import Catalog, service_of
 from shared.codec import PARTITION
 from shared.gateway import AdmittedPlan
@@ -43,23 +43,10 @@ def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
         elif isinstance(item, ActionRequest):
             service = service_of(item.action)
             rows.append(OutboxRow.of(topology.actions_exchange, service, item))
-        else:
-            _count(item)
-            if topology.publishes(item.type):
-                rows.append(OutboxRow.of(topology.events_exchange, item.type, item.message()))
+        elif topology.publishes(item.type):
+            rows.append(OutboxRow.of(topology.events_exchange, item.type, item.message()))
     carried = tracing.headers_of()  # the current span's context goes with every message
     return [replace(row, headers={**row.headers, **carried}) for row in rows] if carried else rows
-
-
-FINISHED = frozenset({"saga.completed", "saga.compensated", "saga.resolved", "saga.needs_human"})
-
-
-def _count(event: Event) -> None:
-    # In the transaction: one retried after a database error counts its events again.
-    if event.type == "saga.started":
-        metrics.SAGAS_STARTED.labels(event.saga).inc()
-    elif event.type in FINISHED:
-        metrics.SAGAS_FINISHED.labels(event.saga, event.status).inc()
 
 
 def parked_reply(message: PartitionMessage, reason: str, now: datetime) -> Transition:
@@ -232,6 +219,7 @@ class Processor:
                 tx.save_saga(state, now=now)
                 self._deadline(tx, state, transition, now)
             tx.outbox(route(self.topology, transition))
+            tx.count([item for item in transition.out if isinstance(item, Event)])
         if message is not None and transition.refused is not None:
             sender = getattr(message, "sender", None)
             user = sender.user if sender is not None else None

@@ -23,7 +23,7 @@ from saga_coordinator.cache import RegisterCache
 from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow, Parked
-from saga_coordinator.writes import Writes, columns
+from saga_coordinator.writes import Writes, columns, order_row
 from shared.codec import Identity, peek
 from shared.errors import RetryLater
 from shared.failures import Q as FQ
@@ -204,7 +204,7 @@ class Tx(Writes):
             Q.write_batch,
             [s.saga_id for s in sagas], [s.order_id for s in sagas], [s.saga for s in sagas],
             [s.status for s in sagas], [s.model_dump_json() for s in sagas], now, *rest,
-            *columns([(o.order_id, o.active_saga_id, o.next_seq, o.handled) for o in orders], 4),
+            *columns([order_row(o) for o in orders], 4),
             self.direct, delete,
         )  # fmt: skip
         assert row is not None
@@ -219,7 +219,8 @@ class Tx(Writes):
 
     def committed(self) -> None:
         """The transaction committed: the registers and orders it wrote are the database's
-        now (but for an order a later statement of it changed)."""
+        now (but for an order a later statement of it changed); its events count."""
+        self.counted()
         if self._cache is None:
             return
         for version, state in self._written.values():

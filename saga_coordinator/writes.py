@@ -12,7 +12,11 @@ from typing import Any, NamedTuple
 from saga_coordinator.convoy import OrderView
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import OutboxRow
+from saga_coordinator.transition import Event
+from shared import metrics
 from shared.messages import Envelope
+
+FINISHED = frozenset({"saga.completed", "saga.compensated", "saga.resolved", "saga.needs_human"})
 
 
 class Deadline(NamedTuple):
@@ -22,6 +26,20 @@ class Deadline(NamedTuple):
     key: str
     attempt: int
     due_at: datetime | None  # None disarms
+
+
+def count_events(events: Sequence[Event]) -> None:
+    """The saga counters, for the events of a committed transaction."""
+    for event in events:
+        if event.type == "saga.started":
+            metrics.SAGAS_STARTED.labels(event.saga).inc()
+        elif event.type in FINISHED:
+            metrics.SAGAS_FINISHED.labels(event.saga, event.status).inc()
+
+
+def order_row(order: OrderView) -> tuple[str, str | None, int, int]:
+    """An order's columns as the statements write them."""
+    return order.order_id, order.active_saga_id, order.next_seq, order.handled
 
 
 def columns(rows: Sequence[Any], width: int) -> list[list[Any]]:
@@ -40,6 +58,16 @@ class Writes:
         self._log: list[tuple[str, str, str, str, str, int | None]] = []
         self._orders: dict[str, OrderView] = {}
         self._now: datetime | None = None
+        self._events: list[Event] = []
+
+    def count(self, events: Sequence[Event]) -> None:
+        self._events.extend(events)
+
+    def counted(self) -> None:
+        """The transaction committed: its events count (once, however often it was decided:
+        a group decided on the cache and then under locks counts only what committed)."""
+        events, self._events = self._events, []
+        count_events(events)
 
     def save_saga(self, state: SagaState, *, now: datetime) -> None:
         self._sagas[state.saga_id] = state

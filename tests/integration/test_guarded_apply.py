@@ -247,3 +247,24 @@ async def test_the_cache_follows_the_guarded_writes(
     assert path == "stale"
     summary = await coordinator.store.order_summary(order_id)
     assert summary is not None and summary["handled"] == 3
+
+
+def started_count() -> float:
+    return REGISTRY.get_sample_value("saga_started_total", {"saga": "refund"}) or 0.0
+
+
+async def test_the_saga_counters_count_what_committed_not_what_the_guard_refused(
+    pool: asyncpg.Pool, settings: Settings, order_id: str
+) -> None:
+    """A start decided on the cache as the first of a new order (saga.started) that the guard
+    refused, then decided under locks as a saga that waits, counts as the transaction path
+    counts it: not as started."""
+    counted = []
+    for guarded, order in ((True, order_id), (False, order_id + "-tx")):
+        other, mine = Coordinator(pool, settings), Coordinator(pool, settings, guarded=guarded)
+        await other.handle(start(order, f"{order}-first"))
+        before = started_count()
+        *_, path = await mine.handle(start(order, f"{order}-second"))
+        counted.append((path, started_count() - before))
+
+    assert counted == [("stale", 0.0), ("transaction", 0.0)]
