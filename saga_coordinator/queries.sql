@@ -43,6 +43,7 @@ ORDER BY i.n;
 -- name: write_batch
 -- Everything one transaction decided, as arrays, in one statement. A saga or a deadline appears
 -- at most once (the last write wins in the caller); a NULL due_at disarms the saga's deadline.
+-- The orders' `= ANY`: see apply_batch.
 WITH saved AS (
     INSERT INTO sagas (saga_id, order_id, saga, status, state, created_at, updated_at)
     SELECT s.saga_id, s.order_id, s.saga, s.status, s.state::jsonb, $6, $6
@@ -90,7 +91,7 @@ WITH saved AS (
                         handled = v.handled, updated_at = now()
     FROM unnest($27::text[], $28::text[], $29::bigint[], $30::bigint[])
         AS v (order_id, active_saga_id, next_seq, handled)
-    WHERE o.order_id = v.order_id
+    WHERE o.order_id = ANY($27::text[]) AND o.order_id = v.order_id
     RETURNING o.order_id, o.xmin::text AS version
 )
 -- The ids of the rows written, in the list's order (ids grow with it); the sagas' and the
@@ -115,6 +116,9 @@ SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM sent) AS ids,
 -- would have read, under the same locks (the UPDATEs take them). If any differs, saga_guard
 -- raises and nothing of the statement stays. The writes are write_batch's, with the orders'
 -- and sagas' rows updated at the version read.
+-- Each join of a table with the batch's arrays also names its keys as `= ANY(...)`: the generic
+-- plan (SAGA_DB_PLAN_CACHE_MODE), made once per session, then looks the rows up by key however
+-- few rows the tables held when it was made; joined on the arrays alone it scanned them whole.
 WITH fresh AS (
     INSERT INTO inbox (message_id, saga_id) SELECT * FROM unnest($1::text[], $2::text[])
     ON CONFLICT (message_id) DO NOTHING
@@ -126,7 +130,8 @@ WITH fresh AS (
 ), moved AS (
     UPDATE orders o SET active_saga_id = h.active_saga_id, next_seq = h.next_seq,
                         handled = h.handled, updated_at = now()
-    FROM held h WHERE o.order_id = h.order_id AND o.xmin::text = h.version
+    FROM held h WHERE o.order_id = ANY($3::text[]) AND o.order_id = h.order_id
+        AND o.xmin::text = h.version
     RETURNING o.order_id, o.xmin::text AS version
 ), created AS (
     INSERT INTO orders (order_id, active_saga_id, next_seq, handled)
@@ -137,6 +142,7 @@ WITH fresh AS (
     SELECT s.saga_id FROM sagas s
     JOIN unnest($9::text[], $10::text[]) AS r (saga_id, version)
         ON s.saga_id = r.saga_id AND s.xmin::text = r.version
+    WHERE s.saga_id = ANY($9::text[])
     FOR UPDATE OF s
 ), written AS (
     SELECT * FROM unnest($11::text[], $12::text[], $13::text[], $14::text[], $15::text[],
@@ -144,7 +150,8 @@ WITH fresh AS (
         AS w (saga_id, version, order_id, saga, status, state, n)
 ), saved AS (
     UPDATE sagas s SET status = w.status, state = w.state::jsonb, updated_at = $17
-    FROM written w WHERE s.saga_id = w.saga_id AND s.xmin::text = w.version
+    FROM written w WHERE s.saga_id = ANY($11::text[]) AND s.saga_id = w.saga_id
+        AND s.xmin::text = w.version
     RETURNING s.saga_id, s.xmin::text AS version
 ), born AS (
     INSERT INTO sagas (saga_id, order_id, saga, status, state, created_at, updated_at)
