@@ -163,6 +163,8 @@ class Settings(BaseSettings):
     partition_depth: Count = 3
     # The AMQP frames queued together go out in one socket write (``shared.frames``).
     coalesce_frames: bool = True
+    # The frames every message crosses coded directly instead of by pamqp (``shared.wire``).
+    fast_frames: bool = True
     relay_batch: Count = 200
     relay_poll_s: Seconds = 0.5
     # A row the coordinator wrote to publish itself, still there after this long, is the

@@ -1,0 +1,230 @@
+"""Faster AMQP frame encoding and decoding for the frames every message crosses.
+
+pamqp, under aiormq, encodes and decodes each frame generically: per field it looks up the
+field's type by name and dispatches on it. A message crosses a publish, a content header and
+a body on the way out, and a deliver, a content header and a body on the way in; with the
+publisher confirms and acks these are 10-13% of the coordinator's and adapters' samples under
+load (py-spy). Here those frames are coded directly with ``struct``, and a ``headers`` table
+of text values (all this system sets) too; other values, the other fields' types, every other
+frame, and any frame this code cannot code, go to pamqp, so every error is pamqp's own. The
+bytes out are pamqp's and a decoded frame equals pamqp's field for field: ``tests/unit/
+test_wire.py`` checks both on generated frames, on frames built byte by byte with any value
+the wire can carry, and on corrupted ones. Measured: a publish's three frames 9.7 -> 5.1 us, a
+delivery's 12.1 -> 6.8 us; refunds at 256 in flight 505.5 -> 525.0 sagas/s (three
+alternating rounds), coordinator 1.28 -> 1.20 and adapters 0.70 -> 0.64 ms of CPU a saga.
+
+Installed by ``install()`` (``Bus.connect`` calls it) in place of the two functions aiormq
+calls, ``pamqp.frame.marshal`` and ``pamqp.frame.unmarshal``. ``SAGA_FAST_FRAMES=0`` leaves
+pamqp's own."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import pamqp.frame
+from pamqp import decode, encode
+from pamqp.body import ContentBody
+from pamqp.commands import Basic
+from pamqp.header import ContentHeader
+
+ORIGINAL_MARSHAL = pamqp.frame.marshal
+ORIGINAL_UNMARSHAL = pamqp.frame.unmarshal
+
+_FRAME = struct.Struct(">BHI")  # type, channel, payload size
+_END = b"\xce"
+_METHOD, _HEADER, _BODY = 1, 2, 3
+_CONTENT = struct.Struct(">HHQH")  # class, weight, body size, the first property flags
+_PUBLISH = struct.pack(">IH", Basic.Publish.index, 0)  # method index, ticket 0
+_ACK = struct.Struct(">IqB")  # method index, delivery tag (signed, as pamqp), multiple
+_INDEX = struct.Struct(">I")
+_TAG = struct.Struct(">q")
+
+_LENGTH = struct.Struct(">I")
+_KEY_MOST = 128  # bytes: pamqp cuts longer keys (with a warning); those tables go to pamqp
+
+
+def _table(value: Any) -> bytes:
+    """``pamqp.encode.field_table`` for a table of text values (every header this system
+    sets); any other goes to pamqp."""
+    if not value or type(value) is not dict:
+        return encode.field_table(value)
+    parts: list[bytes] = []
+    for key, item in sorted(value.items()):
+        if type(key) is not str or type(item) is not str:
+            return encode.field_table(value)
+        name, text = key.encode("utf-8"), item.encode("utf-8")
+        if len(name) > _KEY_MOST:
+            return encode.field_table(value)
+        parts += (bytes((len(name),)), name, b"S", _LENGTH.pack(len(text)), text)
+    data = b"".join(parts)
+    return _LENGTH.pack(len(data)) + data
+
+
+def _read_table(data: bytes) -> tuple[int, dict[str, Any]]:
+    """``pamqp.decode.field_table``: text values here, any other through pamqp's own."""
+    (length,) = _LENGTH.unpack_from(data)
+    end = 4 + length
+    if end > len(data):
+        raise ValueError("field table longer than its frame")
+    table: dict[str, Any] = {}
+    offset = 4
+    while offset < end:
+        size = data[offset]
+        if offset + 1 + size > end:
+            raise ValueError("field table key longer than the table")
+        key = data[offset + 1 : offset + 1 + size].decode("utf-8")
+        offset += 1 + size
+        if data[offset : offset + 1] == b"S":
+            (size,) = _LENGTH.unpack_from(data, offset + 1)
+            raw = data[offset + 5 : offset + 5 + size]
+            try:
+                table[key] = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                table[key] = raw  # as pamqp: text that is not UTF-8 stays bytes
+            offset += 5 + size
+        else:
+            used, table[key] = decode.embedded_value(data[offset:])
+            offset += used
+    return end, table
+
+
+_Encoder = Callable[[Any], bytes]
+_Decoder = Callable[[bytes], tuple[int, Any]]
+_CODERS: dict[str, tuple[_Encoder, _Decoder]] = {
+    "shortstr": (encode.short_string, decode.short_str),
+    "table": (_table, _read_table),
+    "octet": (encode.octet, decode.octet),
+    "timestamp": (encode.timestamp, decode.timestamp),
+}
+# Basic.Properties's fields in wire order: name, flag bit, encoder, decoder.
+_PROPERTIES = [
+    (name, Basic.Properties.flags[name], *_CODERS[getattr(Basic.Properties, "_" + name)])
+    for name in Basic.Properties.__slots__
+]
+_DEFAULTS = dict.fromkeys(Basic.Properties.__slots__) | {"cluster_id": ""}
+
+
+def _properties(properties: Basic.Properties) -> bytes:
+    flags, parts = 0, []
+    for name, flag, encoder, _ in _PROPERTIES:
+        value = getattr(properties, name)
+        if value is not None and value != "":
+            flags |= flag
+            parts.append(encoder(value))
+    return struct.pack(">H", flags) + b"".join(parts)
+
+
+def _payload(frame: object) -> tuple[int, bytes] | None:
+    kind = type(frame)
+    if kind is ContentBody:
+        return _BODY, frame.value  # type: ignore[attr-defined]
+    if kind is ContentHeader:
+        header: ContentHeader = frame  # type: ignore[assignment]
+        size = struct.pack(">HxxQ", Basic.frame_id, header.body_size)
+        return _HEADER, size + _properties(header.properties)
+    if kind is Basic.Publish and frame.ticket == 0:  # type: ignore[attr-defined]
+        publish: Basic.Publish = frame  # type: ignore[assignment]
+        publish.validate()  # as pamqp does before it encodes
+        bits = struct.pack("B", publish.mandatory | publish.immediate << 1)
+        return _METHOD, (_PUBLISH + encode.short_string(publish.exchange)
+                         + encode.short_string(publish.routing_key) + bits)  # fmt: skip
+    if kind is Basic.Ack:
+        ack: Basic.Ack = frame  # type: ignore[assignment]
+        return _METHOD, _ACK.pack(Basic.Ack.index, ack.delivery_tag, ack.multiple)
+    return None
+
+
+def marshal(frame: Any, channel_id: int) -> bytes:
+    """``pamqp.frame.marshal``, the same bytes; what this does not know, or cannot encode,
+    pamqp encodes (and raises about) as before."""
+    try:
+        coded = _payload(frame)
+    except Exception:  # pamqp encodes it again, and raises its own error
+        coded = None
+    if coded is None:
+        return ORIGINAL_MARSHAL(frame, channel_id)
+    kind, payload = coded
+    return b"".join((_FRAME.pack(kind, channel_id, len(payload)), payload, _END))
+
+
+def _content_header(payload: bytes) -> ContentHeader:
+    class_id, weight, body_size, flags = _CONTENT.unpack_from(payload)
+    if flags & 1:
+        raise ValueError("a second word of property flags")  # pamqp decodes it
+    values = dict(_DEFAULTS)
+    offset = _CONTENT.size
+    for name, flag, _, decoder in _PROPERTIES:
+        if flags & flag:
+            used, values[name] = decoder(payload[offset:])
+            offset += used
+    properties = Basic.Properties.__new__(Basic.Properties)
+    for name, value in values.items():
+        setattr(properties, name, value)
+    header = ContentHeader.__new__(ContentHeader)
+    header.class_id, header.weight, header.body_size = class_id, weight, body_size
+    header.properties = properties
+    return header
+
+
+def _deliver(payload: bytes) -> Basic.Deliver:
+    used, consumer_tag = decode.short_str(payload[4:])
+    offset = 4 + used
+    (delivery_tag,) = _TAG.unpack_from(payload, offset)
+    redelivered = bool(payload[offset + 8] & 1)
+    used, exchange = decode.short_str(payload[offset + 9 :])
+    offset += 9 + used
+    _, routing_key = decode.short_str(payload[offset:])
+    deliver = Basic.Deliver.__new__(Basic.Deliver)
+    deliver.consumer_tag, deliver.delivery_tag = consumer_tag, delivery_tag
+    deliver.redelivered, deliver.exchange, deliver.routing_key = (
+        redelivered, exchange, routing_key,
+    )  # fmt: skip
+    return deliver
+
+
+def _ack(payload: bytes) -> Basic.Ack:
+    _, delivery_tag, bits = _ACK.unpack_from(payload)
+    ack = Basic.Ack.__new__(Basic.Ack)
+    ack.delivery_tag, ack.multiple = delivery_tag, bool(bits & 1)
+    return ack
+
+
+_METHODS = {Basic.Deliver.index: _deliver, Basic.Ack.index: _ack}
+
+
+def _decoded(data: bytes) -> tuple[int, int, Any] | None:
+    kind, channel, size = _FRAME.unpack_from(data)
+    end = _FRAME.size + size
+    if size == 0 or len(data) < end + 1 or data[end] != 0xCE:
+        return None
+    payload = data[_FRAME.size : end]
+    if kind == _BODY:
+        return end + 1, channel, ContentBody(payload)
+    if kind == _HEADER:
+        return end + 1, channel, _content_header(payload)
+    if kind == _METHOD:
+        method = _METHODS.get(_INDEX.unpack_from(payload)[0])
+        if method is not None:
+            return end + 1, channel, method(payload)
+    return None
+
+
+def unmarshal(data: bytes) -> tuple[int, int, Any]:
+    """``pamqp.frame.unmarshal``, an equal frame; what this does not know, or cannot decode,
+    pamqp decodes (and raises about) as before."""
+    if data[:4] != b"AMQP":
+        try:
+            decoded = _decoded(data)
+        except Exception:  # pamqp decodes it again, and raises its own error
+            decoded = None
+        if decoded is not None:
+            return decoded
+    return ORIGINAL_UNMARSHAL(data)
+
+
+def install(enabled: bool) -> None:
+    """Once per process; ``enabled=False`` puts pamqp's own back."""
+    pamqp.frame.marshal = marshal if enabled else ORIGINAL_MARSHAL  # type: ignore[assignment]
+    pamqp.frame.unmarshal = unmarshal if enabled else ORIGINAL_UNMARSHAL  # type: ignore[assignment]
