@@ -84,7 +84,11 @@ class Supervisor:
         return self.log_dir / f"{name}.log"
 
     def is_running(self, name: str) -> bool:
-        return name in self._running
+        """Up and not being killed: a process sent SIGKILL stays listed until it is reaped,
+        and a freeze drawn in that moment (CI's seed 3403412754) froze the dying process while
+        its replacement answered, so no deadline fired."""
+        running = self._running.get(name)
+        return running is not None and not running.killed
 
     def pid(self, name: str) -> int | None:
         running = self._running.get(name)
@@ -161,7 +165,7 @@ class Supervisor:
         """SIGSTOP ``name`` for ``seconds``, then SIGCONT: a process that hangs, holding its
         deliveries and answering nothing. False if it was not running."""
         running = self._running.get(name)
-        if running is None:
+        if running is None or running.killed:
             return False
         with contextlib.suppress(ProcessLookupError):
             running.proc.send_signal(signal.SIGSTOP)

@@ -17,6 +17,7 @@ from typing import Any, cast
 from tests.chaos import monkey as monkey_module
 from tests.chaos.harness import ChaosConfig
 from tests.chaos.monkey import Monkey
+from tests.chaos.processes import Supervisor, _Running
 
 
 @dataclass
@@ -62,3 +63,19 @@ async def test_a_victim_that_never_comes_back_ends_the_freeze_without_one(
     supervisor = _Supervisor(["payments"], down={"payments"})
     await asyncio.wait_for(_monkey(supervisor).freeze(window_s=0.0), 5)
     assert not supervisor.freezes
+
+
+async def test_a_process_being_killed_is_not_running_and_cannot_be_frozen(tmp_path: Any) -> None:
+    """The real supervisor: between its SIGKILL and the reaping, the dying process is still
+    listed. CI's seed 3403412754 drew erp for the freeze in that moment: the freeze stopped the
+    dying process, the kill loop restarted erp, and the new one answered, so no deadline fired."""
+    supervisor = Supervisor(env={}, log_dir=tmp_path, components={"erp": "erp"})
+    proc = await asyncio.create_subprocess_exec("sleep", "30")
+    supervisor._running["erp"] = _Running(proc, started=0.0)
+    assert supervisor.is_running("erp")
+    killing = asyncio.create_task(supervisor.kill("erp"))
+    await asyncio.sleep(0)  # the SIGKILL is sent; the process is not reaped yet
+    assert not supervisor.is_running("erp")
+    assert not await supervisor.freeze("erp", 0.01)
+    assert await killing
+    assert supervisor.freezes == Counter()
