@@ -225,6 +225,7 @@ def unmarshal(data: bytes) -> tuple[int, int, Any]:
 
 
 def install(enabled: bool) -> None:
-    """Once per process; ``enabled=False`` puts pamqp's own back."""
+    """In place of pamqp's two functions for the whole process (each ``Bus.connect`` calls it;
+    calling it again changes nothing); ``enabled=False`` puts pamqp's own back."""
     pamqp.frame.marshal = marshal if enabled else ORIGINAL_MARSHAL  # type: ignore[assignment]
     pamqp.frame.unmarshal = unmarshal if enabled else ORIGINAL_UNMARSHAL  # type: ignore[assignment]
