@@ -19,6 +19,7 @@ import pamqp.commands
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import TypeAdapter, ValidationError
 
+from shared import wire
 from shared.errors import InvalidMessage
 from shared.messages import Command, Outbound, PartitionMessage
 from shared.text import clean, first_unsafe, header_text
@@ -196,6 +197,9 @@ def decode(
 def decode_incoming(message: AbstractIncomingMessage, adapter: TypeAdapter[T], max_bytes: int) -> T:
     """A delivery's body; one without an id of its own takes the AMQP message-id (a message
     re-sent under the same property is then a duplicate the inbox absorbs)."""
+    unreadable = (message.headers or {}).get(wire.UNREADABLE)
+    if unreadable is not None:
+        raise InvalidMessage(f"header {clean(str(unreadable), 80)!r}: nested too deeply to decode")
     transport = well_formed_id(message.message_id)
     defaults = {"message_id": transport} if transport else None
     return decode(message.body, adapter, max_bytes=max_bytes, defaults=defaults)

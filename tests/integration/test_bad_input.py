@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import uuid
 from typing import Any
 
@@ -249,3 +250,42 @@ async def test_a_command_whose_order_header_names_another_order_is_refused(
     )
     assert row["rule"] == "invalid_message"
     assert await pool.fetchval("SELECT count(*) FROM sagas WHERE order_id = $1", order_id) == 0
+
+
+_DEEP_PUBLISHER = """
+import asyncio, sys
+import aio_pika
+sys.setrecursionlimit(100_000)  # the publisher's own encoder recurses too
+url, exchange, user, message_id = sys.argv[1:5]
+deep: dict = {}
+for _ in range(3000):
+    deep = {"a": deep}
+async def main() -> None:
+    connection = await aio_pika.connect(url)
+    channel = await connection.channel(publisher_confirms=True)
+    target = await channel.get_exchange(exchange, ensure=False)
+    message = aio_pika.Message(b"{}", message_id=message_id, user_id=user, headers={"deep": deep})
+    await target.publish(message, routing_key="saga.start")
+    await connection.close()
+asyncio.run(main())
+"""
+
+
+async def test_a_header_nested_3000_deep_is_refused_and_the_stack_carries_on(
+    stack: Stack, client: SagaClient, settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    """RabbitMQ passes such a header on; decoding it exceeds Python's recursion limit, which
+    used to close the consumer's connection on every redelivery. It is refused, named, once."""
+    message_id = f"deep-{order_id}"
+    async with Bus(settings) as bus:
+        user, exchange = bus.user or "", bus.topology.commands_exchange
+    publisher = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _DEEP_PUBLISHER, settings.amqp_url, exchange, user, message_id
+    )
+    assert await publisher.wait() == 0
+    row = await _wait_for(pool, message_id)
+    assert row["rule"] == "invalid_message"
+    assert "header 'deep': nested too deeply to decode" in row["reason"]
+
+    state = await run_saga(client, stack, "refund", order_id, REFUND)
+    assert state.status == "completed"

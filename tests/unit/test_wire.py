@@ -254,3 +254,32 @@ def test_headers_of_every_type_decode_as_pamqp_decodes_them() -> None:
     assert wire.marshal(header, 1) == raw
     assert outcome(wire.unmarshal, raw) == outcome(wire.ORIGINAL_UNMARSHAL, raw)
     assert wire._decoded(raw) is not None
+
+
+def _nested(depth: int, kind: bytes) -> bytes:
+    """A table (F) or array (A) value nested ``depth`` deep, as a hostile publisher writes it."""
+    inner = b"\x00\x00\x00\x00"
+    for _ in range(depth):
+        item = (b"\x01a" if kind == b"F" else b"") + kind + inner
+        inner = len(item).to_bytes(4, "big") + item
+    return kind + inner
+
+
+@pytest.mark.parametrize("kind", [b"F", b"A"])
+def test_a_header_nested_deeper_than_python_recurses_arrives_marked(kind: bytes) -> None:
+    """pamqp raises RecursionError in aiormq's reader, which closes the connection (the message
+    comes back on every reconnect); here it arrives, the other headers whole."""
+    table = short(b"deep") + _nested(3000, kind) + short(b"x-order-id") + b"S" + long(b"o-1")
+    payload = (b"\x00\x3c\x00\x00" + (3).to_bytes(8, "big") + (0x2000 | 0x80).to_bytes(2, "big")
+               + long(table) + short(b"m-1"))  # fmt: skip
+    raw = b"\x02\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce"
+    with pytest.raises(RecursionError):
+        wire.ORIGINAL_UNMARSHAL(raw)
+    used, channel, header = wire.unmarshal(raw)
+    assert (used, channel) == (len(raw), 1)
+    assert header.properties.message_id == "m-1"
+    assert header.properties.headers == {
+        "deep": wire.TOO_DEEP,
+        "x-order-id": "o-1",
+        wire.UNREADABLE: "deep",
+    }
