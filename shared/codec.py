@@ -199,7 +199,7 @@ def decode_incoming(message: AbstractIncomingMessage, adapter: TypeAdapter[T], m
     re-sent under the same property is then a duplicate the inbox absorbs)."""
     unreadable = (message.headers or {}).get(wire.UNREADABLE)
     if unreadable is not None:
-        raise InvalidMessage(f"header {clean(str(unreadable), 80)!r}: nested too deeply to decode")
+        raise InvalidMessage(clean(str(unreadable), 200))  # what, and why (``shared.wire``)
     transport = well_formed_id(message.message_id)
     defaults = {"message_id": transport} if transport else None
     return decode(message.body, adapter, max_bytes=max_bytes, defaults=defaults)

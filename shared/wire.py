@@ -7,10 +7,10 @@ publisher confirms and acks these are 10-13% of the coordinator's and adapters' 
 load (py-spy). Here those frames are coded directly with ``struct``, and a ``headers`` table
 of text values (all this system sets) too; other values, the other fields' types, every other
 frame, and any frame this code cannot code, go to pamqp, so every error is pamqp's own, but
-one: a header nested too deeply for pamqp (``UNREADABLE``). The bytes out are pamqp's and a
-decoded frame equals pamqp's field for field: ``tests/unit/test_wire.py`` checks both on
-generated frames, on frames built byte by byte with any value the wire can carry, and on
-corrupted ones. Measured: a publish's three frames 9.7 -> 5.1 us, a
+one: a value pamqp cannot decode though the broker passed it on (``UNREADABLE``). The bytes
+out are pamqp's and a decoded frame equals pamqp's field for field: ``tests/unit/
+test_wire.py`` checks both on generated frames, on frames built byte by byte with any value
+the wire can carry, and on corrupted ones. Measured: a publish's three frames 9.7 -> 5.1 us, a
 delivery's 12.1 -> 6.8 us; refunds at 256 in flight 505.5 -> 525.0 sagas/s (three
 alternating rounds), coordinator 1.28 -> 1.20 and adapters 0.70 -> 0.64 ms of CPU a saga.
 
@@ -44,14 +44,23 @@ _TAG = struct.Struct(">q")
 
 _LENGTH = struct.Struct(">I")
 _KEY_MOST = 128  # bytes: pamqp cuts longer keys (with a warning); those tables go to pamqp
-# A header whose table or array nests deeper than Python's recursion limit (RabbitMQ passes
-# 2,000 levels on) makes pamqp raise RecursionError in aiormq's reader, which closes the
-# connection: the message comes back on every reconnect. Here the header is skipped by its
-# length, its value replaced by ``TOO_DEEP``, and its name listed under ``UNREADABLE``, so the
-# delivery arrives and ``shared.codec`` refuses it as invalid (dead letter, named), once.
+# A value pamqp cannot decode though RabbitMQ passed it on makes pamqp raise in aiormq's
+# reader, which closes the connection: the message comes back on every reconnect, and its
+# queue's consumer never gets past it. Two kinds: a table or array nested deeper than Python's
+# recursion limit (RabbitMQ passes 2,000 levels on), and a timestamp out of Python's range
+# (the property, or a header's value at any depth: any 64 bits pass the broker). Here such a
+# header is skipped by its length and its value replaced by ``UNDECODED``, such a timestamp
+# property left out, and what it was and why put under ``UNREADABLE``, so the delivery arrives
+# and ``shared.codec`` refuses it as invalid (dead letter, named), once.
 UNREADABLE = "x-saga-unreadable"
-TOO_DEEP = "(nested too deeply to decode)"
-_SIZED = (b"F", b"A")  # a table and an array: both say their length first
+UNDECODED = "(not decoded)"
+_SIZES = {b"F": None, b"A": None, b"T": 8}  # a table and an array say their length first
+_VALUE_ERRORS = (RecursionError, ValueError, OverflowError, OSError)
+
+
+def _why(what: str, error: BaseException) -> str:
+    reason = "nested too deeply to decode" if isinstance(error, RecursionError) else str(error)
+    return f"{what}: {reason}"
 
 
 def _table(value: Any) -> bytes:
@@ -73,7 +82,7 @@ def _table(value: Any) -> bytes:
 
 def _read_table(data: bytes) -> tuple[int, dict[str, Any]]:
     """``pamqp.decode.field_table``: text values here, any other through pamqp's own (but one
-    nested too deeply: see ``UNREADABLE``)."""
+    it cannot decode: see ``UNREADABLE``)."""
     (length,) = _LENGTH.unpack_from(data)
     end = 4 + length
     if end > len(data):
@@ -97,13 +106,23 @@ def _read_table(data: bytes) -> tuple[int, dict[str, Any]]:
         else:
             try:
                 used, table[key] = decode.embedded_value(data[offset:])
-            except RecursionError:
-                if data[offset : offset + 1] not in _SIZED:
-                    raise
-                used, table[key] = 5 + _LENGTH.unpack_from(data, offset + 1)[0], TOO_DEEP
-                table[UNREADABLE] = key
+            except _VALUE_ERRORS as error:
+                used, table[key] = _skipped(data, offset, end, error), UNDECODED
+                table.setdefault(UNREADABLE, _why(f"header {key!r}", error))
             offset += used
     return end, table
+
+
+def _skipped(data: bytes, offset: int, end: int, error: BaseException) -> int:
+    """The length of a value pamqp could not decode, found without decoding it; the error again
+    when it has none (then the frame itself is malformed: pamqp decodes it and raises)."""
+    if data[offset : offset + 1] not in _SIZES:
+        raise error
+    size = _SIZES[data[offset : offset + 1]]
+    used = 1 + size if size is not None else 5 + _LENGTH.unpack_from(data, offset + 1)[0]
+    if offset + used > end:
+        raise error
+    return used
 
 
 _Encoder = Callable[[Any], bytes]
@@ -173,7 +192,14 @@ def _content_header(payload: bytes) -> ContentHeader:
     offset = _CONTENT.size
     for name, flag, _, decoder in _PROPERTIES:
         if flags & flag:
-            used, values[name] = decoder(payload[offset:])
+            try:
+                used, values[name] = decoder(payload[offset:])
+            except _VALUE_ERRORS as error:
+                if name != "timestamp" or len(payload) < offset + 8:
+                    raise
+                used, values[name] = 8, None
+                unreadable = _why("property 'timestamp'", error)
+                values["headers"] = {UNREADABLE: unreadable, **(values["headers"] or {})}
             offset += used
     properties = Basic.Properties.__new__(Basic.Properties)
     for name, value in values.items():

@@ -252,19 +252,28 @@ async def test_a_command_whose_order_header_names_another_order_is_refused(
     assert await pool.fetchval("SELECT count(*) FROM sagas WHERE order_id = $1", order_id) == 0
 
 
-_DEEP_PUBLISHER = """
-import asyncio, sys
-import aio_pika
+_HOSTILE_PUBLISHER = """
+import asyncio, datetime, struct, sys
+import aio_pika, pamqp.frame
 sys.setrecursionlimit(100_000)  # the publisher's own encoder recurses too
-url, exchange, user, message_id = sys.argv[1:5]
-deep: dict = {}
-for _ in range(3000):
-    deep = {"a": deep}
+url, exchange, user, message_id, kind = sys.argv[1:6]
+headers, when = {}, None
+if kind == "deep":
+    deep: dict = {}
+    for _ in range(3000):
+        deep = {"a": deep}
+    headers = {"deep": deep}
+else:  # a timestamp any 64 bits can say: the year 584 million
+    when = datetime.datetime(2000, 1, 1, tzinfo=datetime.timezone.utc)
+    stamp, marshal = struct.pack(">Q", 946684800), pamqp.frame.marshal
+    far = b"\\xff" * 8
+    pamqp.frame.marshal = lambda frame, channel: marshal(frame, channel).replace(stamp, far)
 async def main() -> None:
     connection = await aio_pika.connect(url)
     channel = await connection.channel(publisher_confirms=True)
     target = await channel.get_exchange(exchange, ensure=False)
-    message = aio_pika.Message(b"{}", message_id=message_id, user_id=user, headers={"deep": deep})
+    message = aio_pika.Message(b"{}", message_id=message_id, user_id=user, headers=headers,
+                               timestamp=when)
     await target.publish(message, routing_key="saga.start")
     await connection.close()
 asyncio.run(main())
@@ -282,24 +291,37 @@ async def test_a_header_nested_3000_deep_is_refused_and_the_stack_carries_on(
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(1000)
     try:
-        await _refused_by_name(stack, client, settings, pool, order_id, message_id)
+        reason = await _refused_by_name(stack, client, settings, pool, order_id, message_id, "deep")
     finally:
         sys.setrecursionlimit(limit)
+    assert "header 'deep': nested too deeply to decode" in reason
+
+
+async def test_a_timestamp_out_of_range_is_refused_and_the_stack_carries_on(
+    stack: Stack, client: SagaClient, settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    """RabbitMQ passes any 64-bit timestamp on; decoding one past Python's datetime range
+    closed the consumer's connection on every redelivery. It is refused, named, once."""
+    message_id = f"when-{order_id}"
+    reason = await _refused_by_name(stack, client, settings, pool, order_id, message_id, "when")
+    assert "property 'timestamp': year 584556019 is out of range" in reason
 
 
 async def _refused_by_name(
     stack: Stack, client: SagaClient, settings: Settings, pool: asyncpg.Pool, order_id: str,
-    message_id: str,
-) -> None:  # fmt: skip
+    message_id: str, kind: str,
+) -> str:  # fmt: skip
+    """Publishes the hostile start, then runs a saga: the reason the start was refused."""
     async with Bus(settings) as bus:
         user, exchange = bus.user or "", bus.topology.commands_exchange
     publisher = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _DEEP_PUBLISHER, settings.amqp_url, exchange, user, message_id
-    )
+        sys.executable, "-c", _HOSTILE_PUBLISHER, settings.amqp_url, exchange, user, message_id,
+        kind,
+    )  # fmt: skip
     assert await publisher.wait() == 0
     row = await _wait_for(pool, message_id)
     assert row["rule"] == "invalid_message"
-    assert "header 'deep': nested too deeply to decode" in row["reason"]
 
     state = await run_saga(client, stack, "refund", order_id, REFUND)
     assert state.status == "completed"
+    return str(row["reason"])
