@@ -16,7 +16,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from shared import frames, wire
+from shared import frames, incoming, wire
 from shared.cluster_connection import connect_cluster
 from shared.codec import Outgoing, message_to_amqp
 from shared.config import Settings
@@ -67,6 +67,7 @@ class Bus:
     async def connect(self) -> None:
         frames.install(self.settings.coalesce_frames)
         wire.install(self.settings.fast_frames)
+        incoming.install(self.settings.fast_frames)
         self._connection = await connect_cluster(
             self.url, client_properties={"connection_name": f"saga {self.user or ''}".strip()}
         )
