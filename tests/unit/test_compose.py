@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from shared.config import Settings
+
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 COMPONENTS = ("coordinator", "inventory", "erp", "payments", "email")
 
@@ -72,3 +74,16 @@ def test_the_cluster_file_lists_every_node_to_every_client_and_replicates_the_da
     assert "pg_basebackup -h postgres" in standby and " -R " in standby
     # every service the override names exists in the main file or in the override itself
     assert set(cluster) - set(services()) == {"rabbitmq-2", "rabbitmq-3", "postgres-standby"}
+
+
+def test_every_broker_refuses_messages_over_a_mebibyte_and_takes_what_the_services_read() -> None:
+    """RabbitMQ's default, 128 MiB, times a consumer's prefetch is more memory than a process
+    has: the broker refuses a publish over the limit; under it, the services refuse by name."""
+    conf = (COMPOSE.parent / "deploy" / "compose" / "rabbitmq.conf").read_text()
+    limit = int(conf.split("max_message_size = ")[1].split()[0])
+    assert Settings().max_message_bytes < limit <= 1024 * 1024
+    mount = "./deploy/compose/rabbitmq.conf:/etc/rabbitmq/conf.d/10-saga.conf:ro"
+    assert mount in services()["rabbitmq"]["volumes"]
+    cluster = yaml.safe_load(CLUSTER.read_text())["services"]
+    for node in ("rabbitmq", "rabbitmq-2", "rabbitmq-3"):
+        assert mount in cluster[node]["volumes"], node
