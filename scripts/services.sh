@@ -168,7 +168,9 @@ docker_up() { # SERVICE
 			  rabbitmq:
 			    image: rabbitmq:3.13-management
 			    ports: ["127.0.0.1:$amqp:5672", "127.0.0.1:$management:15672"]
-			    volumes: [rabbitmq:/var/lib/rabbitmq]
+			    volumes:
+			      - rabbitmq:/var/lib/rabbitmq
+			      - "$repo/deploy/compose/rabbitmq.conf:/etc/rabbitmq/conf.d/10-saga.conf:ro"
 			    healthcheck:
 			      test: ["CMD", "rabbitmq-diagnostics", "-q", "check_port_connectivity"]
 			      interval: 3s
@@ -229,6 +231,8 @@ new_rabbit() {
     # Its own file: the machine's rabbitmq.conf may pin the listener to the shared port.
     printf 'listeners.tcp.local = 127.0.0.1:%s\n' "$amqp" > "$d/rabbitmq.conf"
     mkdir -p "$d/conf.d"
+    # The largest message it takes, as the compose brokers (see the file).
+    cp "$repo/deploy/compose/rabbitmq.conf" "$d/conf.d/10-saga.conf"
     cat > "$d/node.env" <<- EOF
 		RABBITMQ_NODENAME=$node
 		RABBITMQ_NODE_PORT=$amqp

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aio_pika
+import aiormq
 import asyncpg
 import pytest
 
@@ -81,6 +82,24 @@ async def answers(env: dict[str, str]) -> tuple[str, int]:
     return listed.stdout.strip().strip("'"), rows
 
 
+async def largest_taken(env: dict[str, str]) -> int:
+    """Of a publish of 1 MiB and one a byte longer, the larger the private broker confirms."""
+    broker = await aio_pika.connect(env["SAGA_TEST_AMQP_URL"], timeout=10)
+    taken = 0
+    try:
+        for size in (1024 * 1024, 1024 * 1024 + 1):
+            channel = await broker.channel(publisher_confirms=True)
+            queue = await channel.declare_queue("", exclusive=True)
+            try:
+                await channel.default_exchange.publish(aio_pika.Message(b"x" * size), queue.name)
+                taken = size
+            except aiormq.exceptions.ChannelPreconditionFailed:
+                break
+    finally:
+        await broker.close()
+    return taken
+
+
 async def refused(port: int) -> bool:
     try:
         _, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -120,6 +139,7 @@ async def test_private_instances_are_started_reused_and_stopped(services_dir: Pa
         assert first["SAGA_DATABASE_URL"].endswith("/saga")  # the database name configured
         node, rows = await answers(first)
         assert (node, rows) == (first["RABBITMQ_NODENAME"], 1)
+        assert await largest_taken(first) == 1024 * 1024  # deploy/compose/rabbitmq.conf
 
         code, out, err = await services(env)
         assert code == 0, err
