@@ -88,6 +88,7 @@ def _read_table(data: bytes) -> tuple[int, dict[str, Any]]:
     if end > len(data):
         raise ValueError("field table longer than its frame")
     table: dict[str, Any] = {}
+    why = None  # the first value not decoded: said last, over any such header a sender set
     offset = 4
     while offset < end:
         size = data[offset]
@@ -108,8 +109,10 @@ def _read_table(data: bytes) -> tuple[int, dict[str, Any]]:
                 used, table[key] = decode.embedded_value(data[offset:])
             except _VALUE_ERRORS as error:
                 used, table[key] = _skipped(data, offset, end, error), UNDECODED
-                table.setdefault(UNREADABLE, _why(f"header {key!r}", error))
+                why = why or _why(f"header {key!r}", error)
             offset += used
+    if why is not None:
+        table[UNREADABLE] = why
     return end, table
 
 
@@ -199,7 +202,7 @@ def _content_header(payload: bytes) -> ContentHeader:
                     raise
                 used, values[name] = 8, None
                 unreadable = _why("property 'timestamp'", error)
-                values["headers"] = {UNREADABLE: unreadable, **(values["headers"] or {})}
+                values["headers"] = {**(values["headers"] or {}), UNREADABLE: unreadable}
             offset += used
     properties = Basic.Properties.__new__(Basic.Properties)
     for name, value in values.items():

@@ -297,6 +297,15 @@ def test_headers_of_every_type_decode_as_pamqp_decodes_them() -> None:
     assert wire._decoded(raw) is not None
 
 
+FAR = b"\xff" * 8  # milliseconds past the year 584 million: pamqp's datetime overflows
+
+
+def _header_frame(table: bytes, flags: int, timestamp: bytes = b"") -> bytes:
+    payload = (b"\x00\x3c\x00\x00" + (3).to_bytes(8, "big") + flags.to_bytes(2, "big")
+               + long(table) + short(b"m-1") + timestamp)  # fmt: skip
+    return b"\x02\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce"
+
+
 def _nested(depth: int, kind: bytes) -> bytes:
     """A table (F) or array (A) value nested ``depth`` deep, as a hostile publisher writes it."""
     inner = b"\x00\x00\x00\x00"
@@ -311,9 +320,7 @@ def test_a_header_nested_deeper_than_python_recurses_arrives_marked(kind: bytes)
     """pamqp raises RecursionError in aiormq's reader, which closes the connection (the message
     comes back on every reconnect); here it arrives, the other headers whole."""
     table = short(b"deep") + _nested(3000, kind) + short(b"x-order-id") + b"S" + long(b"o-1")
-    payload = (b"\x00\x3c\x00\x00" + (3).to_bytes(8, "big") + (0x2000 | 0x80).to_bytes(2, "big")
-               + long(table) + short(b"m-1"))  # fmt: skip
-    raw = b"\x02\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce"
+    raw = _header_frame(table, 0x2000 | 0x80)
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(1000)  # Python's default, as the services run (a library may raise it)
     try:
@@ -329,15 +336,6 @@ def test_a_header_nested_deeper_than_python_recurses_arrives_marked(kind: bytes)
         "x-order-id": "o-1",
         wire.UNREADABLE: "header 'deep': nested too deeply to decode",
     }
-
-
-FAR = b"\xff" * 8  # milliseconds past the year 584 million: pamqp's datetime overflows
-
-
-def _header_frame(table: bytes, flags: int, timestamp: bytes = b"") -> bytes:
-    payload = (b"\x00\x3c\x00\x00" + (3).to_bytes(8, "big") + flags.to_bytes(2, "big")
-               + long(table) + short(b"m-1") + timestamp)  # fmt: skip
-    return b"\x02\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce"
 
 
 def test_a_timestamp_property_out_of_range_arrives_marked() -> None:
@@ -381,3 +379,14 @@ def test_a_value_whose_length_runs_past_its_table_is_pamqps_error() -> None:
     raw = _header_frame(table, 0x2000 | 0x80)
     assert outcome(wire.unmarshal, raw) == outcome(wire.ORIGINAL_UNMARSHAL, raw)
     assert outcome(wire.unmarshal, raw)[0] == "raised"
+
+
+def test_the_reason_is_the_decoders_own_over_one_a_sender_wrote() -> None:
+    """A sender's own ``x-saga-unreadable`` header cannot stand in for what was not decoded."""
+    forged = short(wire.UNREADABLE.encode()) + b"S" + long(b"all is well")
+    for table, flags, stamp in (
+        (short(b"when") + b"T" + FAR + forged, 0x2000 | 0x80, b""),
+        (forged, 0x2000 | 0x80 | 0x40, FAR),
+    ):
+        _, _, header = wire.unmarshal(_header_frame(table, flags, stamp))
+        assert "year 584556019 is out of range" in header.properties.headers[wire.UNREADABLE]
