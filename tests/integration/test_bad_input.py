@@ -10,13 +10,15 @@ from typing import Any
 
 import aio_pika
 import asyncpg
+import pamqp.frame
 import pytest
 
 from saga_app.stack import Stack
+from shared import incoming, wire
 from shared.bus import Bus
 from shared.client import CommandRejected, SagaClient
 from shared.config import Settings
-from tests.integration.helpers import eventually
+from tests.integration.helpers import eventually, remove_namespace
 from tests.integration.test_sagas import REFUND, run_saga
 
 
@@ -304,6 +306,28 @@ async def test_a_timestamp_out_of_range_is_refused_and_the_stack_carries_on(
     closed the consumer's connection on every redelivery. It is refused, named, once."""
     message_id = f"when-{order_id}"
     reason = await _refused_by_name(stack, client, settings, pool, order_id, message_id, "when")
+    assert "property 'timestamp': year 584556019 is out of range" in reason
+
+
+async def test_with_the_fast_frames_off_a_timestamp_out_of_range_is_refused_all_the_same(
+    settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    """``SAGA_FAST_FRAMES=0`` gives up speed, not this protection: pamqp decodes every frame,
+    and the one it cannot decode is still delivered marked and refused, once."""
+    plain = settings.with_(fast_frames=False)
+    running = Stack(plain)
+    await running.start()
+    try:
+        assert pamqp.frame.unmarshal is wire.guarded_unmarshal
+        async with Bus(plain) as bus, SagaClient(bus, reply_timeout_s=20) as agent:
+            reason = await _refused_by_name(
+                running, agent, plain, pool, order_id, f"when-{order_id}", "when"
+            )
+    finally:
+        await running.stop()
+        await remove_namespace(plain)
+        wire.install(True)  # the default, as the next test's buses would leave it
+        incoming.install(True)
     assert "property 'timestamp': year 584556019 is out of range" in reason
 
 
