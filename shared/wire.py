@@ -47,12 +47,17 @@ _LENGTH = struct.Struct(">I")
 _KEY_MOST = 128  # bytes: pamqp cuts longer keys (with a warning); those tables go to pamqp
 # A value pamqp cannot decode though RabbitMQ passed it on makes pamqp raise in aiormq's
 # reader, which closes the connection: the message comes back on every reconnect, and its
-# queue's consumer never gets past it. Two kinds: a table or array nested deeper than Python's
-# recursion limit (RabbitMQ passes 2,000 levels on), and a timestamp out of Python's range
-# (the property, or a header's value at any depth: any 64 bits pass the broker). Here such a
-# header is skipped by its length and its value replaced by ``UNDECODED``, such a timestamp
-# property left out, and what it was and why put under ``UNREADABLE``, so the delivery arrives
-# and ``shared.codec`` refuses it as invalid (dead letter, named), once.
+# queue's consumer never gets past it. Three kinds: a table or array nested deeper than
+# Python's recursion limit (RabbitMQ passes 2,000 levels on); a timestamp out of Python's range
+# (the property, or a header's value at any depth: any 64 bits pass the broker); and a short
+# string that is not UTF-8 (a property such as the message id, a header's name, a routing key:
+# the broker checks none). Here such a header is skipped by its length and its value replaced
+# by ``UNDECODED`` (a header whose name is not UTF-8 left out), such a property left out, and
+# what it was and why put under ``UNREADABLE``, so the delivery arrives and ``shared.codec``
+# refuses it as invalid (dead letter, named), once. A routing key is read escaped instead
+# (``_short_str``): a delivery has no headers of its own, and no binding of this system
+# routes by such a key but the intake's and the partitions' ``saga.*``, whose gateway refuses
+# a command whose key does not name its type.
 UNREADABLE = "x-saga-unreadable"
 UNDECODED = "(not decoded)"
 _SIZES = {b"F": None, b"A": None, b"T": 8}  # a table and an array say their length first
@@ -64,16 +69,32 @@ _OUT_OF_RANGE = re.compile(r"year -?\d+ is out of range")
 
 def _unreadable(error: BaseException) -> bool:
     """Whether pamqp failed on a value the broker passes on (nesting past the recursion limit,
-    a timestamp past datetime's range: OverflowError or OSError on some platforms), not on a
-    malformed one, which no broker delivers and which pamqp refuses as before."""
-    if isinstance(error, RecursionError | OverflowError | OSError):
+    a timestamp past datetime's range: OverflowError or OSError on some platforms; a table's
+    key that is not UTF-8), not on a malformed one, which no broker delivers and which pamqp
+    refuses as before."""
+    if isinstance(error, RecursionError | OverflowError | OSError | UnicodeDecodeError):
         return True
     return isinstance(error, ValueError) and _OUT_OF_RANGE.fullmatch(str(error)) is not None
 
 
 def _why(what: str, error: BaseException) -> str:
-    reason = "nested too deeply to decode" if isinstance(error, RecursionError) else str(error)
+    if isinstance(error, RecursionError):
+        reason = "nested too deeply to decode"
+    elif isinstance(error, UnicodeDecodeError):
+        reason = f"not UTF-8 (byte 0x{error.object[error.start]:02x} at {error.start})"
+    else:
+        reason = str(error)
     return f"{what}: {reason}"
+
+
+def _short_str(data: bytes) -> tuple[int, str]:
+    """``pamqp.decode.short_str``; a name a publisher chose (a routing key) that is not UTF-8 is
+    read with its bytes escaped (``saga.\\xff``) instead of failing the frame: it is text to
+    compare, store and show, and matches no name of this system."""
+    try:
+        return decode.short_str(data)
+    except UnicodeDecodeError:
+        return 1 + data[0], data[1 : 1 + data[0]].decode("utf-8", "backslashreplace")
 
 
 def _table(value: Any) -> bytes:
@@ -107,25 +128,31 @@ def _read_table(data: bytes) -> tuple[int, dict[str, Any]]:
         size = data[offset]
         if offset + 1 + size > end:
             raise ValueError("field table key longer than the table")
-        key = data[offset + 1 : offset + 1 + size].decode("utf-8")
+        try:
+            key: str | None = data[offset + 1 : offset + 1 + size].decode("utf-8")
+        except UnicodeDecodeError as error:  # the broker passes it on; its header is left out
+            key, why = None, why or _why("a header's name", error)
         offset += 1 + size
+        value: Any
         if data[offset : offset + 1] == b"S":
             (size,) = _LENGTH.unpack_from(data, offset + 1)
             raw = data[offset + 5 : offset + 5 + size]
             try:
-                table[key] = raw.decode("utf-8")
+                value = raw.decode("utf-8")
             except UnicodeDecodeError:
-                table[key] = raw  # as pamqp: text that is not UTF-8 stays bytes
-            offset += 5 + size
+                value = raw  # as pamqp: text that is not UTF-8 stays bytes
+            used = 5 + size
         else:
             try:
-                used, table[key] = decode.embedded_value(data[offset:])
+                used, value = decode.embedded_value(data[offset:])
             except _VALUE_ERRORS as error:
                 if not _unreadable(error):
                     raise
-                used, table[key] = _skipped(data, offset, end, error), UNDECODED
+                used, value = _skipped(data, offset, end, error), UNDECODED
                 why = why or _why(f"header {key!r}", error)
-            offset += used
+        if key is not None:
+            table[key] = value
+        offset += used
     if why is not None:
         table[UNREADABLE] = why
     return end, table
@@ -208,17 +235,17 @@ def _content_header(payload: bytes) -> ContentHeader:
         raise ValueError("a second word of property flags")  # pamqp decodes it
     values = dict(_DEFAULTS)
     offset = _CONTENT.size
+    why = None  # said last: over the headers table, which comes after two properties
     for name, flag, _, decoder in _PROPERTIES:
         if flags & flag:
             try:
                 used, values[name] = decoder(payload[offset:])
             except _VALUE_ERRORS as error:
-                if name != "timestamp" or len(payload) < offset + 8 or not _unreadable(error):
-                    raise
-                used, values[name] = 8, None
-                unreadable = _why("property 'timestamp'", error)
-                values["headers"] = {**(values["headers"] or {}), UNREADABLE: unreadable}
+                used, values[name] = _property_skipped(name, payload, offset, error), None
+                why = why or _why(f"property {name!r}", error)
             offset += used
+    if why is not None:
+        values["headers"] = {**(values["headers"] or {}), UNREADABLE: why}
     properties = Basic.Properties.__new__(Basic.Properties)
     for name, value in values.items():
         setattr(properties, name, value)
@@ -228,14 +255,24 @@ def _content_header(payload: bytes) -> ContentHeader:
     return header
 
 
+def _property_skipped(name: str, payload: bytes, offset: int, error: BaseException) -> int:
+    """The length of a property the broker passed on and pamqp cannot decode (a timestamp out
+    of range, a short string that is not UTF-8), to leave it out; the error again otherwise."""
+    if name == "timestamp" and len(payload) >= offset + 8 and _unreadable(error):
+        return 8
+    if isinstance(error, UnicodeDecodeError) and offset + 1 + payload[offset] <= len(payload):
+        return 1 + payload[offset]  # a short string: its length, then its bytes
+    raise error
+
+
 def _deliver(payload: bytes) -> Basic.Deliver:
-    used, consumer_tag = decode.short_str(payload[4:])
+    used, consumer_tag = _short_str(payload[4:])
     offset = 4 + used
     (delivery_tag,) = _TAG.unpack_from(payload, offset)
     redelivered = bool(payload[offset + 8] & 1)
-    used, exchange = decode.short_str(payload[offset + 9 :])
+    used, exchange = _short_str(payload[offset + 9 :])
     offset += 9 + used
-    _, routing_key = decode.short_str(payload[offset:])
+    _, routing_key = _short_str(payload[offset:])
     deliver = Basic.Deliver.__new__(Basic.Deliver)
     deliver.consumer_tag, deliver.delivery_tag = consumer_tag, delivery_tag
     deliver.redelivered, deliver.exchange, deliver.routing_key = (
