@@ -371,10 +371,29 @@ DECODERS = pytest.mark.parametrize(
 FAR = b"\xff" * 8  # milliseconds past the year 584 million: pamqp's datetime overflows
 
 
-def _header_frame(table: bytes, flags: int, timestamp: bytes = b"") -> bytes:
-    payload = (b"\x00\x3c\x00\x00" + (3).to_bytes(8, "big") + flags.to_bytes(2, "big")
-               + long(table) + short(b"m-1") + timestamp)  # fmt: skip
+ORDER = short(b"x-order-id") + b"S" + long(b"o-1")  # the header every test frame keeps whole
+
+
+def _properties_frame(flags: int, *fields: bytes) -> bytes:
+    """A content header frame with these property flags and their fields, in wire order."""
+    payload = b"\x00\x3c\x00\x00" + (3).to_bytes(8, "big") + flags.to_bytes(2, "big")
+    payload += b"".join(fields)
     return b"\x02\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce"
+
+
+def _header_frame(table: bytes, flags: int, timestamp: bytes = b"") -> bytes:
+    """Headers (``table``), the message id ``m-1`` and maybe a timestamp."""
+    return _properties_frame(flags, long(table), short(b"m-1"), timestamp)
+
+
+def _one_header(name: bytes, value: bytes) -> bytes:
+    """A frame whose headers are ``name`` with ``value`` (raw, its type first) and ``ORDER``."""
+    return _header_frame(short(name) + value + ORDER, 0x2000 | 0x80)
+
+
+def _marked(name: str, why: str) -> dict[str, str]:
+    """The headers of ``_one_header``'s frame when its value was skipped for ``why``."""
+    return {name: wire.UNDECODED, "x-order-id": "o-1", wire.UNREADABLE: why}
 
 
 def _nested(depth: int, kind: bytes) -> bytes:
@@ -393,8 +412,7 @@ def test_a_header_nested_deeper_than_python_recurses_arrives_marked(
 ) -> None:
     """pamqp raises RecursionError in aiormq's reader, which closes the connection (the message
     comes back on every reconnect); here it arrives, the other headers whole."""
-    table = short(b"deep") + _nested(3000, kind) + short(b"x-order-id") + b"S" + long(b"o-1")
-    raw = _header_frame(table, 0x2000 | 0x80)
+    raw = _one_header(b"deep", _nested(3000, kind))
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(1000)  # Python's default, as the services run (a library may raise it)
     try:
@@ -405,11 +423,9 @@ def test_a_header_nested_deeper_than_python_recurses_arrives_marked(
         sys.setrecursionlimit(limit)
     assert (used, channel) == (len(raw), 1)
     assert header.properties.message_id == "m-1"
-    assert header.properties.headers == {
-        "deep": wire.UNDECODED,
-        "x-order-id": "o-1",
-        wire.UNREADABLE: "header 'deep': nested too deeply to decode",
-    }
+    assert header.properties.headers == _marked(
+        "deep", "header 'deep': nested too deeply to decode"
+    )
 
 
 @DECODERS
@@ -418,7 +434,7 @@ def test_a_timestamp_property_out_of_range_arrives_marked(
 ) -> None:
     """RabbitMQ passes any 64 bits on; pamqp raised in aiormq's reader, which closed the
     connection on every redelivery (measured through the broker)."""
-    raw = _header_frame(short(b"x-order-id") + b"S" + long(b"o-1"), 0x2000 | 0x80 | 0x40, FAR)
+    raw = _header_frame(ORDER, 0x2000 | 0x80 | 0x40, FAR)
     with pytest.raises(pamqp.exceptions.UnmarshalingException, match="out of range"):
         wire.ORIGINAL_UNMARSHAL(raw)
     used, _, header = unmarshal(raw)
@@ -439,18 +455,15 @@ def test_a_timestamp_property_out_of_range_arrives_marked(
 def test_a_header_timestamp_out_of_range_arrives_marked(
     value: bytes, unmarshal: Callable[[bytes], Any]
 ) -> None:
-    raw = _header_frame(short(b"when") + value + short(b"x-order-id") + b"S" + long(b"o-1"),
-                        0x2000 | 0x80)  # fmt: skip
+    raw = _one_header(b"when", value)
     with pytest.raises(pamqp.exceptions.UnmarshalingException):
         wire.ORIGINAL_UNMARSHAL(raw)
     used, _, header = unmarshal(raw)
     assert used == len(raw)
     assert header.properties.message_id == "m-1"
-    assert header.properties.headers == {
-        "when": wire.UNDECODED,
-        "x-order-id": "o-1",
-        wire.UNREADABLE: "header 'when': year 584556019 is out of range",
-    }
+    assert header.properties.headers == _marked(
+        "when", "header 'when': year 584556019 is out of range"
+    )
 
 
 @DECODERS
@@ -463,8 +476,7 @@ def test_a_value_of_an_unknown_type_is_pamqps_error(
     """Only what a broker passes on is skipped and marked: a type no broker sends (a frame
     corrupted on the way) fails the frame as pamqp fails it. Found by the corruption test: a
     header's array holding type ``0`` arrived marked."""
-    raw = _header_frame(short(b"bad") + value + short(b"x-order-id") + b"S" + long(b"o-1"),
-                        0x2000 | 0x80)  # fmt: skip
+    raw = _one_header(b"bad", value)
     assert outcome(unmarshal, raw) == outcome(wire.ORIGINAL_UNMARSHAL, raw)
     assert outcome(unmarshal, raw)[0] == "raised"
 
@@ -476,14 +488,11 @@ def test_a_value_skipped_for_its_timestamp_is_not_read_further(
     """pamqp stops at the first error: an array with a timestamp out of range and, after it, a
     type no broker sends is skipped whole and marked for the timestamp (refused either way)."""
     value = b"A" + long(b"T" + FAR + b"0")
-    raw = _header_frame(short(b"bad") + value + short(b"x-order-id") + b"S" + long(b"o-1"),
-                        0x2000 | 0x80)  # fmt: skip
+    raw = _one_header(b"bad", value)
     _, _, header = unmarshal(raw)
-    assert header.properties.headers == {
-        "bad": wire.UNDECODED,
-        "x-order-id": "o-1",
-        wire.UNREADABLE: "header 'bad': year 584556019 is out of range",
-    }
+    assert header.properties.headers == _marked(
+        "bad", "header 'bad': year 584556019 is out of range"
+    )
 
 
 @DECODERS
@@ -500,19 +509,13 @@ def test_a_value_whose_length_runs_past_its_table_is_pamqps_error(
 NOT_UTF8 = b"\xff\xfe"  # RabbitMQ checks no short string: it passes these on (measured)
 
 
-def _properties_frame(flags: int, *fields: bytes) -> bytes:
-    payload = b"\x00\x3c\x00\x00" + (3).to_bytes(8, "big") + flags.to_bytes(2, "big")
-    payload += b"".join(fields)
-    return b"\x02\x00\x01" + len(payload).to_bytes(4, "big") + payload + b"\xce"
-
-
 @DECODERS
 @pytest.mark.parametrize(
     ("flags", "fields", "name"),
     [
-        (0x2000 | 0x80, [long(short(b"x-order-id") + b"S" + long(b"o-1")), short(NOT_UTF8)],
+        (0x2000 | 0x80, [long(ORDER), short(NOT_UTF8)],
          "message_id"),
-        (0x8000 | 0x2000, [short(NOT_UTF8), long(short(b"x-order-id") + b"S" + long(b"o-1"))],
+        (0x8000 | 0x2000, [short(NOT_UTF8), long(ORDER)],
          "content_type"),
     ],
     ids=["message id", "content type, before the headers"],
@@ -541,7 +544,7 @@ def test_a_header_whose_name_is_not_utf8_is_left_out_and_marked(
 ) -> None:
     nested = b"F" + long(short(NOT_UTF8) + b"S" + long(b"v"))
     table = (short(NOT_UTF8) + b"S" + long(b"v") + short(b"inner") + nested
-             + short(b"x-order-id") + b"S" + long(b"o-1"))  # fmt: skip
+             + ORDER)  # fmt: skip
     raw = _properties_frame(0x2000, long(table))
     with pytest.raises(pamqp.exceptions.UnmarshalingException, match="utf-8"):
         wire.ORIGINAL_UNMARSHAL(raw)
