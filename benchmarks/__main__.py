@@ -83,8 +83,9 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
             findings.scaling.append(await _run(settings, replace(base, coordinators=n)))
     for n in args.coordinators if args.commands else []:
         a = await commands_accepted(settings, args.commands, n)
-        print(f"commands accepted, {n} coordinator(s): {a.commands} in {a.seconds:.2f} s, "
-              f"{a.rate:.0f}/s", flush=True)  # fmt: skip
+        print(f"commands accepted, {n} coordinator(s): {a.commands} in {a.seconds:.2f} s "
+              f"(in the register in {a.registered_seconds:.2f}), {a.rate:.0f}/s",
+              flush=True)  # fmt: skip
         findings.accepted.append(a)
     findings.ours_refund, findings.peer = await _side_by_side(settings, args)
     # Last: the preload leaves gigabytes of dirty pages and WAL that Postgres writes out for

@@ -1,8 +1,11 @@
 """Commands accepted per second: starts of a saga whose one step waits at an approval gate,
 each for its own order, published as fast as the broker confirms them (in pipelined batches,
 straight to their partitions, no ``reply_to``), timed from the first publish until every saga
-is in the register. No adapter has work, so this is the gateway, the convoy and the register
-write alone. The agents' rate limit is lifted for the measurement."""
+is in the register and its ``saga.awaiting_approval`` event has been published (counted in a
+queue of the benchmark's own): a command is accepted once it is announced, and a coordinator
+that registered commands faster than it published their events would only defer the work.
+No adapter has work, so this is the gateway, the convoy, the register write and the events.
+The agents' rate limit is lifted for the measurement."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+import aiormq.abc
 import asyncpg
 from pydantic import JsonValue
 
@@ -29,7 +33,8 @@ class Accepted:
     commands: int
     coordinators: int  # processes sharing the partitions
     publish_seconds: float  # until the broker confirmed the last
-    seconds: float  # until the last saga was in the register
+    registered_seconds: float  # until the last saga was in the register
+    seconds: float  # until the last saga's event was published too
 
     @property
     def rate(self) -> float:
@@ -43,14 +48,18 @@ async def commands_accepted(base: Settings, commands: int, coordinators: int = 1
         procs = await _start_processes(settings, coordinators, unlimited)
         try:
             await asyncio.sleep(SETTLE_S)
-            published, seconds = await _publish_and_wait(settings, run, commands)
-            return Accepted(commands, coordinators, published, seconds)
+            return Accepted(
+                commands, coordinators, *await _publish_and_wait(settings, run, commands)
+            )
         finally:
             await _stop(procs)
 
 
-async def _publish_and_wait(settings: Settings, run: str, commands: int) -> tuple[float, float]:
-    """Seconds until the broker confirmed the last command, and until the last was applied."""
+async def _publish_and_wait(
+    settings: Settings, run: str, commands: int
+) -> tuple[float, float, float]:
+    """Seconds until the broker confirmed the last command, until the last was in the register,
+    and until the last event was published."""
     params: dict[str, JsonValue] = {"sku": "SKU-1", "quantity": 1}
     starts = [
         StartSaga(saga_id=f"c{run}-{i}", order_id=f"co{run}-{i}", plan=GATED, params=params)
@@ -60,6 +69,10 @@ async def _publish_and_wait(settings: Settings, run: str, commands: int) -> tupl
     try:
         async with Bus(settings) as bus:
             t = bus.topology
+            channel = await bus.connection.channel()
+            announced = await channel.declare_queue(exclusive=True)
+            await announced.bind(t.events_exchange, "saga.awaiting_approval")
+            underlay = await channel.get_underlay_channel()
             items = [(t.commands_exchange, t.command_key(s.type, s.order_id), message_to_amqp(s))
                      for s in starts]  # fmt: skip
             began = time.perf_counter()
@@ -69,9 +82,19 @@ async def _publish_and_wait(settings: Settings, run: str, commands: int) -> tupl
                     raise RuntimeError(f"publishing commands failed: {errors}")
             published = time.perf_counter() - began
             await _until_registered(conn, commands)
-            return published, time.perf_counter() - began
+            registered = time.perf_counter() - began
+            await _until_announced(underlay, announced.name, commands)
+            return published, registered, time.perf_counter() - began
     finally:
         await conn.close()
+
+
+async def _until_announced(channel: aiormq.abc.AbstractChannel, queue: str, commands: int) -> None:
+    """Polls the queue's count: the events stay in it, unread."""
+    while True:
+        if ((await channel.queue_declare(queue, passive=True)).message_count or 0) >= commands:
+            return
+        await asyncio.sleep(0.02)
 
 
 async def _until_registered(conn: asyncpg.Connection, commands: int) -> None:

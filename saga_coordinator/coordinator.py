@@ -51,9 +51,9 @@ class Coordinator:
         self._published: list[int] = []  # outbox ids published, not yet deleted
         self._last_publish = 0.0
         self.sender = Sender(bus, self._on_confirmed)
-        self.group = GroupCommit(
-            self._apply, max_batch=settings.partitions * settings.partition_batch
-        )
+        most = settings.partitions * settings.partition_batch
+        # A group waits while more than a group's worth of messages wait to be published.
+        self.group = GroupCommit(self._apply, max_batch=most, ready=lambda: self.sender.room(most))
 
     async def _command(self, delivery: AbstractIncomingMessage, partition: int) -> None:
         """A client's command, routed by the client straight to its order's partition: checked

@@ -26,12 +26,15 @@ log = logging.getLogger(__name__)
 
 # Runs one transaction for the messages given and returns a note per message, in order.
 Apply = Callable[[Sequence[PartitionMessage], datetime], Awaitable[list[str]]]
+# Returns when the next transaction may run (what the last ones committed has gone out).
+Ready = Callable[[], Awaitable[None]]
 
 
 class GroupCommit:
-    def __init__(self, apply: Apply, max_batch: int) -> None:
+    def __init__(self, apply: Apply, max_batch: int, ready: Ready | None = None) -> None:
         self._apply = apply
         self._max = max_batch
+        self._ready = ready
         self._waiting: list[tuple[PartitionMessage, asyncio.Future[str]]] = []
         self._ended: asyncio.Event | None = None  # set when the running transaction ends
 
@@ -48,6 +51,8 @@ class GroupCommit:
                 # One turn of the loop first: the messages handed in together (a partition's
                 # batch, see ``Coordinator._consume``) join this transaction.
                 await asyncio.sleep(0)
+                if self._ready is not None:
+                    await self._ready()  # meanwhile the messages handed in wait to join
                 await self._run(self._take())
             finally:
                 self._ended = None

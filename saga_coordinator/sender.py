@@ -5,7 +5,14 @@ outbox rows by then, and a crash before their confirms leaves them to the relay.
 hands its rows here and returns; the next group's transaction runs while these wait for their
 confirms. One sender per coordinator publishes everything handed in since its last round as
 one pipelined batch, in the order handed in: one order's messages never overtake each other.
-A row the broker does not confirm stays in the outbox for the relay."""
+A row the broker does not confirm stays in the outbox for the relay.
+
+The commits wait for the publishes (``room``): a group does not start while more rows than a
+group's worth wait for a round. Without that, a flood of commands had the groups commit faster
+than the sender published (measured: 20,000 gated starts in the register while 36,000 of their
+events still waited in memory, the next round 30,000 publishes at once), rows piled up in memory
+and in the outbox, and the relay published again whatever stayed there past
+``outbox_stale_s``."""
 
 from __future__ import annotations
 
@@ -30,12 +37,19 @@ class Sender:
         self._more = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._taken = asyncio.Event()  # set when a round takes the rows handed in
 
     def send(self, rows: Sequence[tuple[int, OutboxRow]]) -> None:
         if rows:
             self._rows += rows
             self._idle.clear()
             self._more.set()
+
+    async def room(self, most: int) -> None:
+        """Return once at most ``most`` rows wait for a round (the one running may hold more)."""
+        while len(self._rows) > most:
+            self._taken.clear()
+            await self._taken.wait()
 
     async def settled(self) -> None:
         """Return once everything handed in has been published or left to the relay."""
@@ -47,11 +61,13 @@ class Sender:
                 await self._more.wait()
                 self._more.clear()
                 rows, self._rows = self._rows, []
+                self._taken.set()
                 await self._publish(rows)
                 if not self._rows:
                     self._idle.set()
         finally:  # cancelled: what was not published is the relay's (it is in the outbox)
             self._rows = []
+            self._taken.set()
             self._idle.set()
 
     async def _publish(self, rows: list[tuple[int, OutboxRow]]) -> None:

@@ -135,3 +135,28 @@ async def test_a_message_behind_a_failed_one_of_its_order_fails_too() -> None:
     assert results[1] == "applied b"
     assert isinstance(results[2], RetryLater)
     assert "c" not in [saga for batch in recorder.batches for saga in batch]
+
+
+async def test_a_transaction_waits_until_ready_and_takes_what_arrived_meanwhile() -> None:
+    """The coordinator's commits wait for its publishes: no transaction starts before
+    ``ready`` returns, and the messages handed in during the wait join the one that does."""
+    recorder = Recorder()
+    ready = asyncio.Event()
+
+    async def wait_ready() -> None:
+        await ready.wait()
+
+    group = GroupCommit(recorder.apply, max_batch=8, ready=wait_ready)
+    first = asyncio.create_task(group.submit(start("o1", "s1")))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    others = [asyncio.create_task(group.submit(start(f"o{i}", f"s{i}"))) for i in (2, 3)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert recorder.batches == []  # nothing ran while not ready
+
+    ready.set()
+    notes = await asyncio.gather(first, *others)
+
+    assert notes == ["applied s1", "applied s2", "applied s3"]
+    assert recorder.batches == [["s1", "s2", "s3"]]
