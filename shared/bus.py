@@ -16,7 +16,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
-from shared import frames, incoming, wire
+from shared import batch, frames, incoming, wire
 from shared.cluster_connection import connect_cluster
 from shared.codec import Outgoing, message_to_amqp
 from shared.config import Settings
@@ -128,13 +128,16 @@ class Bus:
         written before the next publish on the channel may queue its own (aiormq's ``wait``):
         a batch's frames then go out in one write (``shared.frames``), and what is awaited is
         the broker's confirm, as before (a return or a nack still raises)."""
-        properties = message.properties  # aio-pika's Message builds a new one on each read
-        properties.user_id = self.user
         return underlay.basic_publish(
             message.body, exchange=exchange, routing_key=routing_key,
-            properties=properties, mandatory=mandatory,
+            properties=self._stamped(message), mandatory=mandatory,
             timeout=self.settings.publish_timeout_s, wait=False,
         )  # fmt: skip
+
+    def _stamped(self, message: Publishable) -> pamqp.commands.Basic.Properties:
+        properties = message.properties  # aio-pika's Message builds a new one on each read
+        properties.user_id = self.user
+        return properties
 
     async def publish_raw(
         self,
@@ -200,10 +203,21 @@ class Bus:
                 return [None] * len(items)
             except Exception as exc:
                 return [exc]
-        # The channel first (a closed one is reopened here, once): then each publish runs
-        # straight to aiormq's channel lock (FIFO), which queues its frames before the next
-        # one's, so the order on the wire is the list's.
+        # The channel first (a closed one is reopened here, once): then the publishes are
+        # queued in the list's order, which is the order on the wire.
         channel, underlay = await self._channel()
+        if self.settings.fast_frames and all(m.properties.message_id for _, _, m in items):
+            errors = await batch.publish(
+                underlay,
+                [(exchange, routing_key, message.body, self._stamped(message),
+                  self._mandatory(exchange)) for exchange, routing_key, message in items],
+                self.settings.publish_timeout_s,
+            )  # fmt: skip
+            if any(errors):
+                await self._after_refusal(channel, errors)
+            return errors
+        # Each publish runs straight to aiormq's channel lock (FIFO), which queues its frames
+        # before the next one's.
         done = await asyncio.gather(
             *(
                 self._send(underlay, exchange, routing_key, message, self._mandatory(exchange))

@@ -1,0 +1,86 @@
+"""A batch of publishes queued on the channel in one go, each with its own confirm.
+
+aiormq publishes one message per call: a task, the channel's lock, a timeout scope and a queued
+frame each, about 45 us of a process's CPU a message in a pipelined batch (measured: 512
+messages to the events exchange with confirms). ``publish`` does what those calls do (a delivery
+tag and a confirm future per message, the message id noted so a return finds its publish) for
+the whole batch under one hold of the lock, and queues every frame as one item: 20-28 us a
+message. The broker sees the same frames in the same order. What each message gets is what
+aiormq's ``basic_publish`` gives: ``None`` once confirmed, else the error (a return, a nack, the
+channel closing, or ``TimeoutError`` when no confirm came in time). ``Bus`` uses it for pipelined
+batches when ``SAGA_FAST_FRAMES`` is on (the default) and every message has a message id (a
+return is matched to its publish by it)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import aiormq
+from aiormq.abc import ChannelFrame
+from pamqp import commands as spec
+from pamqp.header import ContentHeader
+
+# exchange, routing key, body, properties (with a message id), mandatory
+Publish = tuple[str, str, bytes, spec.Basic.Properties, bool]
+
+
+async def publish(
+    channel: aiormq.Channel, publishes: Sequence[Publish], confirm_within_s: float
+) -> list[BaseException | None]:
+    """Queue every publish in order, then wait up to ``confirm_within_s`` for their confirms."""
+    if not publishes:
+        return []
+    futures = await _queue(channel, publishes)
+    done, waiting = await asyncio.wait(futures, timeout=confirm_within_s)
+    for future in waiting:
+        future.cancel()  # its confirm, if it comes, is ignored (as aiormq does on a timeout)
+    for _, _, _, properties, _ in publishes:
+        channel.message_id_delivery_tag.pop(properties.message_id or "", None)
+    return [_outcome(future, done) for future in futures]
+
+
+def _outcome(future: asyncio.Future[Any], done: set[asyncio.Future[Any]]) -> BaseException | None:
+    if future not in done:
+        return TimeoutError("no confirm from the broker in time")
+    if future.cancelled():
+        return asyncio.CancelledError("the channel closed before the confirm")
+    return future.exception()
+
+
+async def _queue(
+    channel: aiormq.Channel, publishes: Sequence[Publish]
+) -> list[asyncio.Future[Any]]:
+    frames: list[Any] = []
+    futures: list[asyncio.Future[Any]] = []
+    async with channel.lock:
+        first = channel.delivery_tag + 1
+        for exchange, routing_key, body, properties, mandatory in publishes:
+            channel.delivery_tag += 1
+            future = channel.create_future()
+            channel.confirmations[channel.delivery_tag] = future
+            channel.message_id_delivery_tag[properties.message_id or ""] = channel.delivery_tag
+            futures.append(future)
+            frames.append(
+                spec.Basic.Publish(exchange=exchange, routing_key=routing_key, mandatory=mandatory)
+            )
+            frames.append(ContentHeader(properties=properties, body_size=len(body)))
+            frames += channel._split_body(body)
+        try:
+            await channel.write_queue.put(
+                ChannelFrame.marshall(frames=frames, channel_number=channel.number)
+            )
+        except BaseException:
+            # Nothing reached the broker: the tags are free again, as aiormq frees one.
+            for tag in range(first, channel.delivery_tag + 1):
+                channel.confirmations.pop(tag, None)
+            for _, _, _, properties, _ in publishes:
+                channel.message_id_delivery_tag.pop(properties.message_id or "", None)
+            for future in futures:
+                with contextlib.suppress(asyncio.InvalidStateError):
+                    future.cancel()
+            channel.delivery_tag = first - 1
+            raise
+    return futures
