@@ -33,13 +33,21 @@ async def publish(
     """Queue every publish in order, then wait up to ``confirm_within_s`` for their confirms."""
     if not publishes:
         return []
-    futures = await _queue(channel, publishes)
+    futures, first = await _queue(channel, publishes)
     done, waiting = await asyncio.wait(futures, timeout=confirm_within_s)
     for future in waiting:
         future.cancel()  # its confirm, if it comes, is ignored (as aiormq does on a timeout)
-    for _, _, _, properties, _ in publishes:
-        channel.message_id_delivery_tag.pop(properties.message_id or "", None)
+    _forget(channel, publishes, first)
     return [_outcome(future, done) for future in futures]
+
+
+def _forget(channel: aiormq.Channel, publishes: Sequence[Publish], first: int) -> None:
+    """Drop the message ids noted for returns, but one a later publish of the same id took
+    over (aiormq keeps the same rule)."""
+    ids = channel.message_id_delivery_tag
+    for tag, (_, _, _, properties, _) in enumerate(publishes, start=first):
+        if ids.get(properties.message_id or "") == tag:
+            del ids[properties.message_id or ""]
 
 
 def _outcome(future: asyncio.Future[Any], done: set[asyncio.Future[Any]]) -> BaseException | None:
@@ -52,7 +60,8 @@ def _outcome(future: asyncio.Future[Any], done: set[asyncio.Future[Any]]) -> Bas
 
 async def _queue(
     channel: aiormq.Channel, publishes: Sequence[Publish]
-) -> list[asyncio.Future[Any]]:
+) -> tuple[list[asyncio.Future[Any]], int]:
+    """The publishes' confirm futures, and the first one's delivery tag."""
     frames: list[Any] = []
     futures: list[asyncio.Future[Any]] = []
     async with channel.lock:
@@ -76,11 +85,10 @@ async def _queue(
             # Nothing reached the broker: the tags are free again, as aiormq frees one.
             for tag in range(first, channel.delivery_tag + 1):
                 channel.confirmations.pop(tag, None)
-            for _, _, _, properties, _ in publishes:
-                channel.message_id_delivery_tag.pop(properties.message_id or "", None)
+            _forget(channel, publishes, first)
             for future in futures:
                 with contextlib.suppress(asyncio.InvalidStateError):
                     future.cancel()
             channel.delivery_tag = first - 1
             raise
-    return futures
+    return futures, first

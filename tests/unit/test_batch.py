@@ -47,6 +47,7 @@ async def test_each_message_gets_its_confirm_or_a_timeout() -> None:
     await asyncio.sleep(0.01)
     assert list(fake.confirmations) == [8, 9, 10]  # one tag each, in order
     assert fake.write_queue.qsize() == 1  # every frame in one item
+    fake.message_id_delivery_tag["m1"] = 99  # a later publish of the same id took it over
     fake.confirmations[8].set_result(spec.Basic.Ack(8))
     fake.confirmations[10].set_exception(aiormq.exceptions.DeliveryError(None, spec.Basic.Nack(10)))
 
@@ -55,7 +56,8 @@ async def test_each_message_gets_its_confirm_or_a_timeout() -> None:
     assert first is None
     assert isinstance(second, TimeoutError)
     assert isinstance(third, aiormq.exceptions.DeliveryError)
-    assert fake.message_id_delivery_tag == {}  # a return can no longer be matched to them
+    # A return can no longer be matched to them; the later publish keeps its own.
+    assert fake.message_id_delivery_tag == {"m1": 99}
 
 
 async def test_a_batch_cancelled_before_it_reached_the_channel_frees_its_tags() -> None:
