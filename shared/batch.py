@@ -54,7 +54,7 @@ def _outcome(future: asyncio.Future[Any], done: set[asyncio.Future[Any]]) -> Bas
     if future not in done:
         return TimeoutError("no confirm from the broker in time")
     if future.cancelled():
-        return asyncio.CancelledError("the channel closed before the confirm")
+        return asyncio.CancelledError("cancelled before the broker's confirm")
     return future.exception()
 
 

@@ -206,13 +206,12 @@ class Bus:
         # The channel first (a closed one is reopened here, once): then the publishes are
         # queued in the list's order, which is the order on the wire.
         channel, underlay = await self._channel()
-        if self.settings.fast_frames and all(m.properties.message_id for _, _, m in items):
-            errors = await batch.publish(
-                underlay,
-                [(exchange, routing_key, message.body, self._stamped(message),
-                  self._mandatory(exchange)) for exchange, routing_key, message in items],
-                self.settings.publish_timeout_s,
-            )  # fmt: skip
+        publishes = [
+            (exchange, routing_key, message.body, self._stamped(message), self._mandatory(exchange))
+            for exchange, routing_key, message in items
+        ] if self.settings.fast_frames else []  # fmt: skip
+        if publishes and all(properties.message_id for _, _, _, properties, _ in publishes):
+            errors = await batch.publish(underlay, publishes, self.settings.publish_timeout_s)
             if any(errors):
                 await self._after_refusal(channel, errors)
             return errors
