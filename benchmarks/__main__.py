@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.ceiling import broker_ceiling
-from benchmarks.commands import commands_accepted
+from benchmarks.commands import Accepted, commands_accepted
+from benchmarks.commands import pooled as pooled_accepted
 from benchmarks.harness import (
     RUN_DEPTH,
     Plan,
@@ -81,12 +82,7 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
     for n in args.coordinators:
         if n != 1:
             findings.scaling.append(await _run(settings, replace(base, coordinators=n)))
-    for n in args.coordinators if args.commands else []:
-        a = await commands_accepted(settings, args.commands, n)
-        print(f"commands accepted, {n} coordinator(s): {a.commands} in {a.seconds:.2f} s "
-              f"(in the register in {a.registered_seconds:.2f}), {a.rate:.0f}/s",
-              flush=True)  # fmt: skip
-        findings.accepted.append(a)
+    findings.accepted = await _commands(settings, args) if args.commands else []
     findings.ours_refund, findings.peer = await _side_by_side(settings, args)
     # Last: the preload leaves gigabytes of dirty pages and WAL that Postgres writes out for
     # minutes after, which would slow every measurement behind it (the growth run's own rounds
@@ -99,6 +95,19 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
             for result in pair:
                 _finished(result)
     return findings
+
+
+async def _commands(settings: Settings, args: argparse.Namespace) -> list[Accepted]:
+    """Commands accepted, with each coordinator count in turn, round after round, pooled."""
+    runs: dict[int, list[Accepted]] = {n: [] for n in args.coordinators}
+    for _ in range(args.rounds):
+        for n, mine in runs.items():
+            a = await commands_accepted(settings, args.commands, n)
+            print(f"commands accepted, {n} coordinator(s): {a.commands} in {a.seconds:.2f} s "
+                  f"(in the register in {a.registered_seconds:.2f}), {a.rate:.0f}/s",
+                  flush=True)  # fmt: skip
+            mine.append(a)
+    return [pooled_accepted(mine) for mine in runs.values()]
 
 
 async def _side_by_side(
@@ -147,7 +156,8 @@ def main() -> None:
         "--rounds",
         type=_at_least(1),
         default=2,
-        help="alternating rounds: beside DBOS, and empty versus stored sagas",
+        help="alternating rounds: beside DBOS, empty versus stored sagas, commands with "
+        "each coordinator count",
     )
     parser.add_argument("--commands", type=_at_least(0), default=5000,
                         help="gated starts for the commands-accepted rate (0: skip)")  # fmt: skip

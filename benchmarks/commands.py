@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiormq.abc
@@ -35,10 +36,21 @@ class Accepted:
     publish_seconds: float  # until the broker confirmed the last
     registered_seconds: float  # until the last saga was in the register
     seconds: float  # until the last saga's event was published too
+    rounds: tuple[float, ...] = ()  # each round's rate, when rounds were pooled
 
     @property
     def rate(self) -> float:
         return self.commands / self.seconds
+
+
+def pooled(runs: Sequence[Accepted]) -> Accepted:
+    """Rounds of one coordinator count, measured apart, as one: commands and seconds summed (a
+    round of two seconds on a machine whose load comes and goes is one sample, not a figure)."""
+    return Accepted(
+        sum(r.commands for r in runs), runs[0].coordinators,
+        sum(r.publish_seconds for r in runs), sum(r.registered_seconds for r in runs),
+        sum(r.seconds for r in runs), tuple(r.rate for r in runs),
+    )  # fmt: skip
 
 
 async def commands_accepted(base: Settings, commands: int, coordinators: int = 1) -> Accepted:

@@ -178,7 +178,7 @@ def targets_table(f: Findings) -> list[str]:
     for a in f.accepted:
         rows.append((f"commands accepted ({a.commands:,} gated starts, {a.coordinators} "
                      f"coordinator process(es))", f">= {TARGET_COMMANDS:,.0f}/s",
-                     f"{a.rate:,.0f}/s", a.rate >= TARGET_COMMANDS))  # fmt: skip
+                     _accepted(a), a.rate >= TARGET_COMMANDS))  # fmt: skip
     for empty, grown in f.growth:
         loss = 1 - grown.rate / empty.rate
         rows.append((f"throughput loss, {grown.plan.preload:,} stored sagas "
@@ -188,6 +188,11 @@ def targets_table(f: Findings) -> list[str]:
     lines += [f"| {name} | {want} | {got} | {'-' if ok is None else 'yes' if ok else '**no**'} |"
               for name, want, got, ok in rows]  # fmt: skip
     return lines
+
+
+def _accepted(a: Accepted) -> str:
+    rounds = " / ".join(f"{rate:,.0f}" for rate in a.rounds)
+    return f"{a.rate:,.0f}/s" + (f" (rounds: {rounds})" if len(a.rounds) > 1 else "")
 
 
 def bounds(f: Findings) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from benchmarks.commands import Accepted, pooled
 from benchmarks.harness import Plan, Result
 from benchmarks.report import Findings, targets_table
 
@@ -62,3 +63,13 @@ def test_the_peer_ratios_at_64_and_with_each_side_at_its_best() -> None:
         "4.0 ms", "yes"
     ]  # fmt: skip
     assert row(lines, "efficiency, refund sagas (concurrency 256)")[2] == "0.59"
+
+
+def test_commands_accepted_pools_its_rounds_and_shows_each() -> None:
+    # 5,000 in 2.5 s and 5,000 in 1.5 s: 10,000 in 4 s, not the mean of 2,000 and 3,333
+    rounds = [Accepted(5000, 1, 0.3, 2.4, 2.5), Accepted(5000, 1, 0.3, 1.4, 1.5)]
+    findings = Findings(5000.0, 3, [ours(64, 300.0, 5.5)], accepted=[pooled(rounds)])
+
+    cells = row(targets_table(findings), "commands accepted (10,000 gated starts, 1 coordinator")
+
+    assert cells[2:] == ["2,500/s (rounds: 2,000 / 3,333)", "yes"]
