@@ -38,9 +38,12 @@ class Sender:
         self._idle = asyncio.Event()
         self._idle.set()
         self._taken = asyncio.Event()  # set when a round takes the rows handed in
+        self._stopped = False
 
     def send(self, rows: Sequence[tuple[int, OutboxRow]]) -> None:
-        if rows:
+        # Stopped, rows stay the relay's (they are in the outbox): a delivery finished during a
+        # graceful stop must not wait for room, nor the stop for rounds that never come.
+        if rows and not self._stopped:
             self._rows += rows
             self._idle.clear()
             self._more.set()
@@ -66,6 +69,7 @@ class Sender:
                 if not self._rows:
                     self._idle.set()
         finally:  # cancelled: what was not published is the relay's (it is in the outbox)
+            self._stopped = True
             self._rows = []
             self._taken.set()
             self._idle.set()

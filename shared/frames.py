@@ -25,10 +25,11 @@ _ORIGINAL_QUEUE = aiormq.connection.Connection.FRAME_BUFFER_SIZE
 # go: with 64, each publish past the 64th waited for the writer to take one, two turns of the
 # loop each, behind every other task of a busy coordinator (gated starts accepted with their
 # events published, three alternating rounds: 1,638 -> 1,752/s). The queue stays bounded, so a
-# publisher faster than the socket still waits, and one write still holds ``MOST_BYTES`` at most.
+# publisher faster than the socket still waits.
 QUEUE_FRAMES = 1024
-# A payload grows to about this before it is written: the broker's default frame_max, so one
-# write never holds up a heartbeat for long.
+# Queued items are joined into one write until it holds about this (the broker's default
+# frame_max), so joining never holds up a heartbeat for long. One item may be larger: a batch of
+# publishes is one item (``shared.batch``), bounded by the sender's round, not by this.
 MOST_BYTES = 128 * 1024
 
 

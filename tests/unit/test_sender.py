@@ -81,3 +81,21 @@ async def test_a_stopped_sender_holds_no_commit_back() -> None:
 
     assert room.done()
     await sender.settled()
+
+
+async def test_rows_handed_in_after_the_stop_are_left_to_the_relay() -> None:
+    """A delivery finished during a graceful stop commits and hands its rows in after the
+    sender stopped: they stay the relay's, and neither its next commit nor the stop waits for a
+    round that never comes."""
+    bus = SlowBus()
+    sender = Sender(cast(Bus, bus), lambda ids: None)
+    running = asyncio.create_task(sender.run())
+    await turns()
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+
+    sender.send(rows(0, 5))
+
+    await asyncio.wait_for(sender.room(1), 1)
+    await asyncio.wait_for(sender.settled(), 1)
+    assert bus.rounds == []
