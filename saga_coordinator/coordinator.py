@@ -33,6 +33,7 @@ from shared.errors import InvalidMessage
 from shared.failures import failure_recorder
 from shared.gateway import AdmittedPlan
 from shared.identity import Directory
+from shared.linger import Linger
 from shared.messages import DeskCommand, PartitionMessage, QuerySaga
 from shared.topology import partition_of
 from shared.trust import REPLAY_HEADER, Forged
@@ -53,7 +54,12 @@ class Coordinator:
         self.sender = Sender(bus, self._on_confirmed)
         most = settings.partitions * settings.partition_batch
         # A group waits while more than a group's worth of messages wait to be published.
-        self.group = GroupCommit(self._apply, max_batch=most, ready=lambda: self.sender.room(most))
+        self.group = GroupCommit(
+            self._apply,
+            max_batch=most,
+            ready=lambda: self.sender.room(most),
+            linger=Linger.from_settings(settings),
+        )
 
     async def _command(self, delivery: AbstractIncomingMessage, partition: int) -> None:
         """A client's command, routed by the client straight to its order's partition: checked

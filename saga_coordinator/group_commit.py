@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 from shared import metrics
 from shared.errors import RetryLater
+from shared.linger import NEVER, Linger
 from shared.messages import PartitionMessage
 
 log = logging.getLogger(__name__)
@@ -31,10 +32,14 @@ Ready = Callable[[], Awaitable[None]]
 
 
 class GroupCommit:
-    def __init__(self, apply: Apply, max_batch: int, ready: Ready | None = None) -> None:
+    def __init__(
+        self, apply: Apply, max_batch: int, ready: Ready | None = None, linger: Linger = NEVER
+    ) -> None:
         self._apply = apply
         self._max = max_batch
         self._ready = ready
+        self._linger = linger
+        self._last = 0  # the size of the last transaction's batch
         self._waiting: list[tuple[PartitionMessage, asyncio.Future[str]]] = []
         self._ended: asyncio.Event | None = None  # set when the running transaction ends
 
@@ -51,6 +56,9 @@ class GroupCommit:
                 # One turn of the loop first: the messages handed in together (a partition's
                 # batch, see ``Coordinator._consume``) join this transaction.
                 await asyncio.sleep(0)
+                wait = self._linger.wait(self._last, len(self._waiting), self._max)
+                if wait:
+                    await asyncio.sleep(wait)  # under load: more messages join this one
                 if self._ready is not None:
                     await self._ready()  # meanwhile the messages handed in wait to join
                 await self._run(self._take())
@@ -93,6 +101,7 @@ class GroupCommit:
     async def _apply_batch(self, batch: list[tuple[PartitionMessage, asyncio.Future[str]]]) -> None:
         now = datetime.now(UTC)
         metrics.BATCH_SIZE.observe(len(batch))
+        self._last = len(batch)
         try:
             notes = await self._apply([m for m, _ in batch], now)
         except RetryLater as exc:  # the database is away: every message goes back alike

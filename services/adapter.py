@@ -45,6 +45,7 @@ from shared.delivery import Alone, BatchVerdict
 from shared.errors import RetryLater
 from shared.failures import failure_recorder
 from shared.identity import Directory
+from shared.linger import Linger
 from shared.messages import ActionDone, ActionFailed, ActionRequest
 from shared.patience import publish_in_hand
 from shared.sql import TRANSIENT_DB_ERRORS, is_transient
@@ -117,6 +118,7 @@ class Adapter:
             on_failure=failure_recorder(self.pool, queue, block_order=False),
             batch=self.handle_batch if self.settings.adapter_batch > 1 else None,
             max_batch=self.settings.adapter_batch,
+            linger=Linger.from_settings(self.settings),
         )
 
     def _request(self, message: AbstractIncomingMessage) -> ActionRequest:

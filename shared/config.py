@@ -80,6 +80,7 @@ Whole = Annotated[int, Strict(), _read_as(int)]
 Real = Annotated[float, Strict(), _read_as(float)]
 Count = Annotated[Whole, _check(lambda n: 1 <= n <= 10_000, "must be between 1 and 10000")]
 Seconds = Annotated[Real, _check(lambda s: 0 < s <= 3600, "must be more than 0 and at most 3600")]
+Millis = Annotated[Real, _check(lambda s: 0 <= s <= 1000, "must be between 0 and 1000")]
 
 
 def _url(*schemes: str) -> AfterValidator:
@@ -161,6 +162,14 @@ class Settings(BaseSettings):
     # one before commits (never two messages of one order); 1 waits for each batch's outcome.
     # 3 against 2: 317.6 -> 329.0 refunds/s at 64 in flight, alternating rounds (none at 256).
     partition_depth: Count = 3
+    # How long a batch (a group commit, an adapter's batch) waits for more messages before it
+    # starts (``shared.linger``): the last batch's size times the per-message figure, at most
+    # the first; nothing after a batch of one, so concurrency 1 never waits. 0: never wait.
+    # Against 0 (refunds, alternating rounds): at 256 in flight 367.6 -> 393.4 sagas/s, 4.71
+    # -> 4.25 ms CPU a saga; at 64 CPU 7.51 -> 7.18 ms, sagas/s within the noise. A flat 5 ms
+    # saved more CPU at 64 but cost sagas/s at 16 (a small batch waits less here).
+    batch_linger_ms: Millis = 5.0
+    batch_linger_per_message_ms: Millis = 0.5
     # The AMQP frames queued together go out in one socket write (``shared.frames``).
     coalesce_frames: bool = True
     # The frames every message crosses coded directly instead of by pamqp (``shared.wire``).

@@ -27,6 +27,7 @@ from shared.delivery import (
     deliver,
     deliver_batch,
 )
+from shared.linger import NEVER, Linger
 
 if TYPE_CHECKING:
     from shared.bus import Bus
@@ -71,6 +72,7 @@ async def consume(
     max_batch: int = 32,
     together: Together | None = None,
     depth: int = 1,
+    linger: Linger = NEVER,
 ) -> None:
     """Consume until cancelled. ``sequential`` handles one delivery at a time in queue order
     (aio-pika would otherwise run one task per delivery and lose the order).
@@ -83,9 +85,10 @@ async def consume(
     whose key is in hand waits until that one is settled, its failure recorded, and so does
     every delivery behind it. Batches settle one after the other, in queue order.
 
-    ``batch`` (concurrent mode only): the deliveries that arrive while a batch runs go
-    together into the next one (up to ``max_batch``), which ``batch`` handles in one go;
-    what it hands back ``Alone`` runs on its own through ``handler``.
+    ``batch`` (concurrent mode only): the deliveries that arrive while a batch runs, or while
+    the next waits for company (``linger``), go together into the next one (up to
+    ``max_batch``), which ``batch`` handles in one go; what it hands back ``Alone`` runs on
+    its own through ``handler``.
 
     A watchdog notices when the broker cancels the consumer (its queue was deleted, a node
     failed over) and subscribes again, re-declaring the topology first: a consumer that the
@@ -108,7 +111,7 @@ async def consume(
                 with contextlib.suppress(Exception):  # the broker may still be away
                     await bus.declare()
             subscription = _Subscription(
-                bus, queue_name, handler, prefetch, mode, on_failure, batch
+                bus, queue_name, handler, prefetch, mode, on_failure, batch, linger
             )
             await subscription.run(together, max_batch, depth)
             raise ConsumerLost(f"the consumer of {queue_name} stopped")
@@ -126,6 +129,7 @@ class _Subscription:
         mode: Literal["sequential", "concurrent"],
         on_failure: FailureHook | None,
         batch: BatchHandler | None,
+        linger: Linger = NEVER,
     ) -> None:
         self.bus = bus
         self.queue_name = queue_name
@@ -142,6 +146,7 @@ class _Subscription:
         self.acks = Acks(self._waiting) if mode == "sequential" else None
         self.unsettled = InHand()
         self.batch = batch
+        self.linger = linger
 
     def _waiting(self) -> bool:
         # A later batch in hand settles after this one: its ack can cover the held one.
@@ -176,10 +181,17 @@ class _Subscription:
             await asyncio.shield(self.start(await self.inbox.get()))
 
     async def batches(self, handle: BatchHandler, most: int) -> None:
+        last = 0
         while True:
             taken = [await self.inbox.get()]
+            # Taken but not started, like those still in the inbox: a stop meanwhile closes the
+            # channel, and the broker hands it out again.
+            wait = self.linger.wait(last, self.inbox.qsize() + 1, most)
+            if wait:
+                await asyncio.sleep(wait)
             while not self.inbox.empty() and len(taken) < most:
                 taken.append(self.inbox.get_nowait())
+            last = len(taken)
             done = deliver_batch(taken, handle, self.unsettled, self.start, self.on_failure)
             await asyncio.shield(self.keep(asyncio.ensure_future(done)))
 

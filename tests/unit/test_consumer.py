@@ -4,6 +4,7 @@ which ones go together, and how they are settled."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import cast
 
 import pytest
@@ -13,7 +14,9 @@ from aiormq.exceptions import ChannelInvalidStateError
 from shared.bus import Bus
 from shared.config import Settings
 from shared.consumer import _Subscription
+from shared.delivery import BatchVerdict
 from shared.errors import RetryLater
+from shared.linger import Linger
 from tests.unit.test_delivery import Delivery
 
 
@@ -246,3 +249,48 @@ async def test_a_delivery_whose_consumer_was_cancelled_reports_a_failed_settle_i
     assert [r.getMessage() for r in caplog.records if r.name == "shared.consumer"] == [
         "a delivery was not settled (ChannelInvalidStateError()); the broker redelivers it"
     ]
+
+
+async def batches_after_a_batch_of_two(linger: Linger) -> list[list[str]]:
+    """An adapter's consumer: a batch of two, then two deliveries arriving a few loop turns
+    apart; says which were handled together."""
+    bus = cast(Bus, type("FakeBus", (), {"settings": Settings()})())
+    batches: list[list[str]] = []
+    wire: list[tuple[str, int, bool]] = []
+
+    all_handled = asyncio.Event()
+
+    async def handle(messages: Sequence[AbstractIncomingMessage]) -> list[BatchVerdict]:
+        batches.append([m.message_id or "" for m in messages])
+        if sum(map(len, batches)) == 4:
+            all_handled.set()
+        return [None] * len(messages)
+
+    async def alone(delivery: AbstractIncomingMessage) -> None:
+        raise AssertionError("every delivery is handled in its batch")
+
+    sub = _Subscription(bus, "q", alone, 64, "concurrent", None, handle, linger)
+
+    def arrive(tag: int) -> None:
+        delivery = cast(AbstractIncomingMessage, Delivery(tag, wire))
+        sub.unsettled.add(delivery)
+        sub.inbox.put_nowait(delivery)
+
+    arrive(1)
+    arrive(2)
+    worker = asyncio.create_task(sub.batches(handle, most=8))
+    for tag in (3, 4):
+        for _ in range(5):
+            await asyncio.sleep(0)
+        arrive(tag)
+    await asyncio.wait_for(all_handled.wait(), 5)
+    worker.cancel()
+    return batches
+
+
+async def test_an_adapter_batch_after_one_of_several_waits_for_company() -> None:
+    assert await batches_after_a_batch_of_two(Linger(0.5, 0.25)) == [["m1", "m2"], ["m3", "m4"]]
+
+
+async def test_without_a_linger_each_arrival_goes_in_the_next_batch_at_once() -> None:
+    assert await batches_after_a_batch_of_two(Linger()) == [["m1", "m2"], ["m3"], ["m4"]]

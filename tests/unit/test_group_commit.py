@@ -10,6 +10,7 @@ import pytest
 
 from saga_coordinator.group_commit import GroupCommit
 from shared.errors import RetryLater
+from shared.linger import Linger
 from shared.messages import PartitionMessage, StartSaga
 from tests.unit.factories import REFUND_PARAMS
 
@@ -160,3 +161,36 @@ async def test_a_transaction_waits_until_ready_and_takes_what_arrived_meanwhile(
 
     assert notes == ["applied s1", "applied s2", "applied s3"]
     assert recorder.batches == [["s1", "s2", "s3"]]
+
+
+async def first_batch_of_two(group: GroupCommit) -> None:
+    together = [asyncio.create_task(group.submit(start(f"o{i}", f"s{i}"))) for i in (1, 2)]
+    await asyncio.gather(*together)
+
+
+async def test_after_a_batch_of_several_the_next_waits_for_company() -> None:
+    """Under load a transaction waits a little (``shared.linger``) so the messages arriving
+    meanwhile share it, instead of each paying a statement and a WAL flush of its own."""
+    recorder = Recorder()
+    group = GroupCommit(recorder.apply, max_batch=8, linger=Linger(0.5, 0.25))
+    await first_batch_of_two(group)
+
+    third = asyncio.create_task(group.submit(start("o3", "s3")))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    fourth = asyncio.create_task(group.submit(start("o4", "s4")))  # arrives while s3 waits
+    await asyncio.gather(third, fourth)
+
+    assert recorder.batches == [["s1", "s2"], ["s3", "s4"]]
+
+
+async def test_after_a_batch_of_one_nothing_waits() -> None:
+    """A lone message (concurrency 1) never waits: the linger would be latency and nothing else."""
+    recorder = Recorder()
+    group = GroupCommit(recorder.apply, max_batch=8, linger=Linger(60.0, 60.0))
+    await group.submit(start("o1", "s1"))
+
+    note = await asyncio.wait_for(group.submit(start("o2", "s2")), 5)
+
+    assert note == "applied s2"
+    assert recorder.batches == [["s1"], ["s2"]]
