@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark: set up (with the bench extra: DBOS, matplotlib, py-spy), start the services if
-# they are down, measure, and write benchmarks/results/ (report.md and PNG plots). About 10 min.
+# they are down, measure, and write benchmarks/results/ (report.md and PNG plots). 25 to 40 minutes.
 # Arguments go to `python -m benchmarks` (try --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
