@@ -39,7 +39,7 @@ class GroupCommit:
         self._max = max_batch
         self._ready = ready
         self._linger = linger
-        self._last = 0  # the size of the last transaction's batch
+        self._last = 0  # how many messages the last transaction took
         self._waiting: list[tuple[PartitionMessage, asyncio.Future[str]]] = []
         self._ended: asyncio.Event | None = None  # set when the running transaction ends
 
@@ -83,6 +83,7 @@ class GroupCommit:
         return batch
 
     async def _run(self, batch: list[tuple[PartitionMessage, asyncio.Future[str]]]) -> None:
+        self._last = len(batch)  # as taken: a failed batch split into ones is still a sign of load
         await self._apply_batch(batch)
         failed = {m.order_id for m, outcome in batch if outcome.exception() is not None}
         if failed:
@@ -101,7 +102,6 @@ class GroupCommit:
     async def _apply_batch(self, batch: list[tuple[PartitionMessage, asyncio.Future[str]]]) -> None:
         now = datetime.now(UTC)
         metrics.BATCH_SIZE.observe(len(batch))
-        self._last = len(batch)
         try:
             notes = await self._apply([m for m, _ in batch], now)
         except RetryLater as exc:  # the database is away: every message goes back alike
