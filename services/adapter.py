@@ -213,13 +213,16 @@ class Adapter:
 
     async def _call_batch(self, reqs: list[ActionRequest]) -> list[Verdict | Exception]:
         """Every request's function at once, in one batch scope: what they submit to a
-        ``Coalescer`` together (the simulated systems' statement) goes out as one call."""
+        ``Coalescer`` together (the simulated systems' statement) goes out as one call. A lone
+        request calls in this task, as outside a batch: no task for it, for the timeout or for
+        the bulk call, each a turn of the loop on the way to the system and back."""
         await self.open()
         timeout = min(req.timeout_s for req in reqs)
-        async with batch_scope():
-            return await asyncio.wait_for(
-                asyncio.gather(*(self._try_in_batch(req) for req in reqs)), timeout
-            )
+        if len(reqs) == 1:
+            async with asyncio.timeout(timeout):
+                return [await self._try_in_batch(reqs[0])]
+        async with batch_scope(), asyncio.timeout(timeout):
+            return await asyncio.gather(*(self._try_in_batch(req) for req in reqs))
 
     async def _try_in_batch(self, req: ActionRequest) -> Verdict | Exception:
         try:

@@ -317,17 +317,21 @@ class Coalescer(Generic[T, R]):
     async def submit(self, item: T) -> R:
         batch = _SCOPE.get()
         if batch is None:
-            (only,) = await self._run_many([item])
+            (only,) = await self._answers([item])
             if isinstance(only, Exception):
                 raise only
             return only
         return await batch.submit(self, item)
 
+    async def _answers(self, items: list[T]) -> Sequence[R | Exception]:
+        results = await self._run_many(items)
+        if len(results) != len(items):
+            raise Transient(f"a bulk call of {len(items)} answered {len(results)} times")
+        return results
+
     async def settle(self, queue: list[tuple[T, asyncio.Future[R]]]) -> None:
         try:
-            results = await self._run_many([item for item, _ in queue])
-            if len(results) != len(queue):
-                raise Transient(f"a bulk call of {len(queue)} answered {len(results)} times")
+            results = await self._answers([item for item, _ in queue])
         except asyncio.CancelledError:
             for _, future in queue:
                 future.cancel()

@@ -249,7 +249,10 @@ class _Subscription:
         async def hold(message: AbstractIncomingMessage, outcome: Outcome) -> None:
             outcomes[id(message)] = outcome
 
-        await asyncio.gather(*(deliver(m, self.handler, self.on_failure, hold) for m in taken))
+        if len(taken) == 1:  # the common case when idle: no task of its own, no turn of the loop
+            await deliver(taken[0], self.handler, self.on_failure, hold)
+        else:
+            await asyncio.gather(*(deliver(m, self.handler, self.on_failure, hold) for m in taken))
         if before is not None:
             await asyncio.wait({before})  # its failure, if any, is its own
         for i, message in enumerate(taken):
