@@ -52,15 +52,15 @@ def packets(
 ) -> list[Packet]:
     """``tcpdump -tt -n`` lines as packets between named parties: ``ports`` names the servers'
     ports, ``owners`` the clients' local ports; any other client is ``agent``."""
+
+    def name(port: int) -> str:
+        return ports.get(port) or owners.get(port, "agent")
+
     found = []
     for line in lines:
         m = _LINE.match(line)
         if m is None or int(m.group(5)) == 0:
             continue  # a bare ack of TCP's
-
-        def name(port: int) -> str:
-            return ports.get(port) or owners.get(port, "agent")
-
         at = int(m.group(1)) * 1_000_000 + int(m.group(2))
         found.append(Packet(at, name(int(m.group(3))), name(int(m.group(4))), int(m.group(5))))
     return found
