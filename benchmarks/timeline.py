@@ -32,7 +32,9 @@ from urllib.parse import urlsplit
 from benchmarks.harness import SETTLE_S, _fresh, _start_processes, _stop
 from benchmarks.load import inject_faults, new_run_id, run_load
 from shared import loop
+from shared.addresses import one_per_host
 from shared.config import Settings
+from shared.errors import ConfigError
 
 BROKER, DATABASE = "broker", "database"
 CONTENT = 100  # bytes: a publish or a delivery carries a message; acks and confirms are ~21
@@ -101,7 +103,10 @@ def local_ports(pid: int) -> set[int]:
     """The local TCP ports of a process's sockets, from /proc."""
     inodes = set()
     for fd in Path(f"/proc/{pid}/fd").iterdir():
-        target = os.readlink(fd) if fd.is_symlink() else ""
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed since the listing
+            continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
     ports = set()
@@ -118,7 +123,7 @@ async def capture(
 ) -> tuple[list[float], dict[int, str], list[str]]:
     """One c=1 refund load on a fresh stack: its latencies, the stack processes' local ports and
     the packets tcpdump recorded meanwhile (``tcpdump -tt -n`` lines)."""
-    amqp, db = _server_ports(settings)
+    where = " or ".join(f"tcp port {port}" for port in server_ports(settings))
     async with _fresh(settings) as run_settings:
         run = new_run_id()
         await inject_faults(run_settings.database_url, run, sagas, "refund")
@@ -130,7 +135,7 @@ async def capture(
             with tempfile.TemporaryDirectory() as scratch:
                 pcap = Path(scratch) / "saga.pcap"
                 dump = await asyncio.create_subprocess_exec(
-                    tcpdump, "-i", "lo", "-n", "-w", str(pcap), f"tcp port {amqp} or tcp port {db}",
+                    tcpdump, "-i", "lo", "-n", "-w", str(pcap), where,
                     stderr=asyncio.subprocess.DEVNULL,
                 )  # fmt: skip
                 await asyncio.sleep(1.0)  # tcpdump is listening
@@ -150,8 +155,17 @@ async def capture(
     return load.latencies_ms, owners, text.decode().splitlines()
 
 
-def _server_ports(settings: Settings) -> tuple[int, int]:
-    return urlsplit(settings.amqp_url).port or 5672, urlsplit(settings.database_url).port or 5432
+DEFAULT_PORTS = {"amqp": 5672, "amqps": 5671, "postgres": 5432, "postgresql": 5432}
+
+
+def server_ports(settings: Settings) -> dict[int, str]:
+    """Every port of the broker's nodes and the database's hosts (a URL may name several)."""
+    ports = {}
+    for url, name in ((settings.amqp_url, BROKER), (settings.database_url, DATABASE)):
+        for one in one_per_host(url):
+            parts = urlsplit(one)
+            ports[parts.port or DEFAULT_PORTS.get(parts.scheme, 0)] = name
+    return ports
 
 
 def summary(found: Mapping[str, list[float]], latencies: list[float]) -> dict[str, object]:
@@ -188,13 +202,16 @@ def main() -> None:
     tcpdump = shutil.which("tcpdump")
     if tcpdump is None:
         raise SystemExit("benchmarks.timeline needs tcpdump (Debian: apt-get install tcpdump)")
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:  # one line naming the variable, not a traceback
+        raise SystemExit(str(exc)) from None
     latencies, owners, lines = loop.run(capture(settings, args.sagas, tcpdump))
-    amqp, db = _server_ports(settings)
-    found = segments(packets(lines, owners, {amqp: BROKER, db: DATABASE}))
+    ports = server_ports(settings)
+    found = segments(packets(lines, owners, ports))
     if not found:  # e.g. the broker or the database reached over IPv6 or a Unix socket
         raise SystemExit(f"none of tcpdump's {len(lines)} lines was a packet over IPv4 "
-                         f"to port {amqp} or {db}")  # fmt: skip
+                         f"to port {', '.join(map(str, ports))}")  # fmt: skip
     report = summary(found, latencies)
     print(json.dumps(report) if args.json else "\n".join(_table(report)))
 

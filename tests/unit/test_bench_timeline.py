@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.timeline import BROKER, DATABASE, packets, segments, summary
+from benchmarks.timeline import BROKER, DATABASE, packets, segments, server_ports, summary
+from shared.config import Settings
 
 PORTS = {5672: BROKER, 5432: DATABASE}
 OWNERS = {40001: "coordinator-0", 40002: "adapters"}  # the agent's port (40000) is nobody's
@@ -73,3 +74,11 @@ def test_the_summary_gives_each_segment_per_saga() -> None:
         },
         "database: x": {"per_saga": 2.0, "median_ms": 1.0, "ms_per_saga": 2.0},
     }  # fmt: skip
+
+
+def test_every_node_of_a_cluster_is_a_server_port() -> None:
+    settings = Settings.from_env().with_(
+        amqp_url="amqps://u:p@10.0.0.1:5671,10.0.0.2:5674/vh",
+        database_url="postgresql://u@db1,db2:5433/saga",
+    )
+    assert server_ports(settings) == {5671: BROKER, 5674: BROKER, 5432: DATABASE, 5433: DATABASE}

@@ -196,6 +196,18 @@ async def test_calls_of_one_batch_reach_the_bulk_call_together() -> None:
     assert lists == [[1], [2, 3, 4]]
 
 
+async def test_a_bulk_call_answering_the_wrong_count_is_transient_in_a_batch_or_alone() -> None:
+    async def run_many(items: list[int]) -> list[int | Exception]:
+        return [*items, 99]  # one answer too many: whose is which is unknown
+
+    bulk: Coalescer[int, int] = Coalescer(run_many)
+    with pytest.raises(Transient, match="a bulk call of 1 answered 2 times"):
+        await bulk.submit(1)
+    async with batch_scope():
+        results = await asyncio.gather(bulk.submit(1), bulk.submit(2), return_exceptions=True)
+    assert [str(r) for r in results] == ["a bulk call of 2 answered 3 times"] * 2
+
+
 async def test_a_bulk_call_that_raises_fails_every_call_in_it() -> None:
     async def run_many(items: list[int]) -> list[int | Exception]:
         raise ConnectionResetError("gone")
