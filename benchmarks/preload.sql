@@ -119,7 +119,7 @@ FROM preload_chunk c JOIN preload_messages m USING (kind)
 ORDER BY c.n, m.k;
 
 -- name: idempotency_insert
-INSERT INTO sim_idempotency (key, system, action, order_id, outcome, result, error, created_at)
+INSERT INTO service_keys (key, system, action, order_id, outcome, result, error, created_at)
 SELECT format(p.key, VARIADIC c.args), p.system, p.action, c.order_id, p.outcome,
        format(p.result, VARIADIC c.args)::jsonb, p.error,
        c.t0 + p.at_us * interval '1 microsecond'
@@ -199,7 +199,7 @@ UNION ALL SELECT 'command_seqs', count(*) FROM command_seqs
 UNION ALL SELECT 'intake_seqs', count(*) FROM intake_seqs
 UNION ALL SELECT 'outbox', count(*) FROM outbox
 UNION ALL SELECT 'deadlines', count(*) FROM deadlines
-UNION ALL SELECT 'sim_idempotency', count(*) FROM sim_idempotency
+UNION ALL SELECT 'service_keys', count(*) FROM service_keys
 UNION ALL SELECT 'sim_effects', count(*) FROM sim_effects
 UNION ALL SELECT 'sim_inventory_reservations', count(*) FROM sim_inventory_reservations
 UNION ALL SELECT 'sim_erp_credit_notes', count(*) FROM sim_erp_credit_notes

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
+import uuid
 from typing import Any
 
 import aiormq
@@ -24,6 +26,7 @@ from saga_app.cli_decide import (
     reject,
     resolve,
     resume,
+    settle,
 )
 from saga_app.cli_dlq import dlq
 from saga_app.cli_mcp import mcp
@@ -32,11 +35,14 @@ from saga_app.cli_ops import effects, faults
 from saga_app.cli_read import list_, rejections, show
 from saga_app.cli_setup import setup, tls
 from saga_app.cli_support import (
+    ANSWER_WITHIN_S,
     EXIT_STOPPED,
     EXIT_TIMEOUT,
+    Deadline,
     SagaGroup,
     Seconds,
     cli_bus,
+    client_outcomes,
     read_settings_later,
     run_async,
     settings_of,
@@ -49,11 +55,12 @@ from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
 from shared import logs, metrics, tracing
 from shared.bus import Bus
-from shared.client import SagaClient
+from shared.client import NotAnswered, SagaClient
 from shared.config import Settings
 from shared.errors import SagaError
 from shared.gateway import load_catalog
 from shared.identity import Directory, database_url_for
+from shared.ids import random_id
 from shared.messages import Plan, PlanStep
 from shared.migrations import migrate as run_migrations
 from shared.migrations import pending
@@ -250,13 +257,28 @@ def _parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
 @click.option("--step", "steps", multiple=True, help="Ad-hoc plan: an action, repeatable")
 @click.option("--priority", multiple=True, help="Ad-hoc plan: compensate this action first")
 @click.option("--saga-id", help="Choose the saga ID (default: a new UUID)")
-@click.option("--wait", "wait_s", type=Seconds(), help="Wait this many seconds for the outcome")
+@click.option(
+    "--message-id", envvar="SAGA_MESSAGE_ID",
+    help="Choose the command's message ID (default: a new one). The same --saga-id and "
+    "--message-id again are the same start, applied once: set it for one command only "
+    "[SAGA_MESSAGE_ID]",
+)  # fmt: skip
+@click.option(
+    "--wait", "wait_s", type=Seconds(),
+    help="Wait for the outcome: the whole command (connecting, sending, the answer, the "
+    f"outcome) takes about this many seconds at most [without it: {ANSWER_WITHIN_S:g} s, to "
+    "the answer]",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str, ...],
           steps: tuple[str, ...], priority: tuple[str, ...], saga_id: str | None,
-          wait_s: float | None, as_json: bool) -> None:  # fmt: skip
-    """Publish a start command exactly as an agent would (SAGA, or --step for an ad-hoc plan)."""
+          message_id: str | None, wait_s: float | None, as_json: bool) -> None:  # fmt: skip
+    """Publish a start command exactly as an agent would (SAGA, or --step for an ad-hoc plan).
+
+    It prints the saga ID and the message ID it sent. Not answered in time (the coordinator is
+    not running), it exits 5: the start is queued and runs when the stack is back; sending it
+    again with the same --saga-id and --message-id is safe."""
     if saga is None and not steps:
         raise click.UsageError("give a saga name, or --step actions for an ad-hoc plan")
     if saga is not None and steps:
@@ -267,37 +289,79 @@ def start(ctx: click.Context, saga: str | None, order_id: str, params: tuple[str
         else None
     )
     settings = settings_of(ctx)
+    deadline = Deadline(wait_s)
+    # Chosen here, not by the client, so that whatever happens they can be printed.
+    sid, mid = saga_id or str(uuid.uuid4()), message_id or random_id()
+    sent = {"saga_id": sid, "message_id": mid}
 
-    async def work() -> tuple[str, SagaState | None]:
-        async with cli_bus(settings) as bus, SagaClient(bus) as client:
-            sid = await client.start(
-                saga, order_id=order_id, params=_parse_params(params), plan=plan, saga_id=saga_id
-            )
-            reply = client.last_reply
-            if reply is not None and reply.type == "command.parked" and wait_s is None:
-                if as_json:
-                    dump({"saga_id": sid, "parked": reply.reason})
-                else:
-                    click.echo(f"parked: saga {sid} waits ({reply.reason})")
-                sys.exit(0)
-            if wait_s is None:
-                return sid, None
-            try:
-                stop = await client.wait(sid, seconds=wait_s, stops=True)
-            except TimeoutError:
-                click.echo(f"saga {sid}: no outcome within {wait_s}s", err=True)
-                sys.exit(EXIT_TIMEOUT)
+    async def work() -> SagaState | None:
+        bus = cli_bus(settings)
+        unanswered = functools.partial(_start_not_answered, order_id, deadline.seconds)
+        with client_outcomes(as_json, unanswered, follow=f"saga show {sid}", ids=sent):
+            async with SagaClient(bus, answer_within_s=deadline.for_answer()) as client:
+                await client.start(
+                    saga, order_id=order_id, params=_parse_params(params), plan=plan,
+                    saga_id=sid, message_id=mid, answer_within_s=deadline.for_answer(),
+                )  # fmt: skip
+                reply = client.last_reply
+                parked = reply.reason if reply and reply.type == "command.parked" else None
+                if not as_json:  # the ids first: whatever comes next, they are known
+                    click.echo(
+                        f"accepted: saga {sid} (message {mid})" if parked is None
+                        else f"parked: saga {sid} (message {mid}) waits ({parked})"
+                    )  # fmt: skip
+                if wait_s is None:
+                    if as_json and parked is not None:
+                        dump({**sent, "parked": parked})
+                        sys.exit(0)
+                    return None
+                try:
+                    stop = await client.wait(sid, seconds=deadline.left(), stops=True)
+                except TimeoutError:
+                    click.echo(f"saga {sid}: no outcome within {wait_s}s", err=True)
+                    sys.exit(EXIT_TIMEOUT)
         state = await with_store(settings, lambda s: s.get(sid))
         if stop.type == "saga.awaiting_approval":  # nothing more happens without a person
-            print_outcome(sid, state, as_json)
+            _print_started(state, sent, as_json)
             click.echo(
                 f"saga {sid} waits at a gate for a decision: saga approve|reject {sid}", err=True
             )
             sys.exit(EXIT_STOPPED)
-        return sid, state
+        return state
 
-    sid, state = run_async(work())
-    print_outcome(sid, state, as_json)
+    state = run_async(work())
+    if as_json or state is not None:
+        _print_started(state, sent, as_json)
+
+
+def _print_started(state: SagaState | None, sent: dict[str, str], as_json: bool) -> None:
+    if as_json:
+        dump({**(state.register() if state is not None else {}), **sent})
+    else:
+        print_outcome(sent["saga_id"], state, as_json)
+
+
+def _start_not_answered(order_id: str, seconds: float, exc: NotAnswered) -> str:
+    """The paragraph for a start that was sent and not answered: it is not lost, and a new
+    saga id would start it twice."""
+    sid, mid = exc.saga_id or "", exc.message_id
+    sent = f"saga {sid} (order {order_id}) was sent {_times(exc.sends)} as message {mid}"
+    again = f"`saga start` again with the same --saga-id {sid} --message-id {mid}"
+    if exc.queued:
+        return (
+            f"not answered within {seconds:g} s, but the start is queued: {sent} and "
+            "RabbitMQ holds it. It will run when the stack (the coordinator) is back. Follow it "
+            f"with `saga show {sid}`, or run {again}, which is safe: it starts once."
+        )
+    return (
+        f"not answered within {seconds:g} s, and RabbitMQ did not confirm the start: "
+        f"{sent} and may be queued (then it will run when the stack is back) or lost. Run "
+        f"{again}, which is safe: it starts once at most; follow it with `saga show {sid}`."
+    )
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
 
 
 @main.command()
@@ -308,7 +372,7 @@ def demo(ctx: click.Context, wait_s: float) -> None:
     run_async(run_demo(settings_of(ctx), click.echo, wait_s))
 
 
-for command in (abort, approve, reject, resume, resolve):
+for command in (abort, approve, reject, resume, resolve, settle):
     main.add_command(command)
 main.add_command(dlq)
 for command in (show, list_, rejections):

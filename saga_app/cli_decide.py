@@ -1,4 +1,4 @@
-"""A person's decisions about a saga: abort, approve, reject, resume, resolve.
+"""A person's decisions about a saga: abort, approve, reject, resume, resolve, settle.
 
 Each is the same AMQP command an agent would publish, handled in the order's convoy; who decided
 is the broker account the CLI connects as (``SAGA_ACT_AS``, or ``SAGA_AMQP_URL``'s user), never a
@@ -7,15 +7,19 @@ flag. ``--wait`` follows the saga to its next stop.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Awaitable, Callable
 
 import click
 
 from saga_app.cli_support import (
+    ANSWER_WITHIN_S,
     EXIT_TIMEOUT,
+    Deadline,
     Seconds,
     cli_bus,
+    client_outcomes,
     not_blank,
     run_async,
     settings_of,
@@ -24,17 +28,23 @@ from saga_app.cli_support import (
 from saga_app.output import dump
 from saga_coordinator.register import SagaState
 from saga_coordinator.report import render_register
-from shared.client import SagaClient
+from shared.client import NotAnswered, SagaClient
 from shared.config import Settings
 
-Send = Callable[[SagaClient, str], Awaitable[None]]
+# Sends the decision: the client, the register as read, how long the answer may take.
+Send = Callable[[SagaClient, SagaState, float], Awaitable[None]]
 
 
-async def lookup_order(settings: Settings, saga_id: str) -> str:
-    order = await with_store(settings, lambda s: s.order_of(saga_id))
-    if order is None:
+async def lookup(settings: Settings, saga_id: str) -> SagaState:
+    state = await with_store(settings, lambda s: s.get(saga_id))
+    if state is None:
         raise click.ClickException(f"no saga {saga_id}")
-    return order
+    return state
+
+
+def gate_step(state: SagaState) -> int | None:
+    """The gate the saga waits at, as read: an approval sent again never opens the next."""
+    return next((s.index for s in state.steps if s.gate_status == "waiting"), None)
 
 
 def print_outcome(saga_id: str, state: SagaState | None, as_json: bool) -> None:
@@ -50,20 +60,47 @@ def _decide(
     ctx: click.Context, saga_id: str, send: Send, wait_s: float | None, as_json: bool
 ) -> None:
     settings = settings_of(ctx)
+    deadline = Deadline(wait_s)  # the whole command, the order's look-up included
+    name = ctx.command.name or "decision"
 
     async def work() -> SagaState | None:
-        order = await lookup_order(settings, saga_id)
-        async with cli_bus(settings) as bus, SagaClient(bus) as client:
-            await send(client, order)
-            if wait_s is not None:
-                try:
-                    await client.wait(saga_id, seconds=wait_s, stops=True)
-                except TimeoutError:
-                    click.echo(f"saga {saga_id}: no outcome within {wait_s}s", err=True)
-                    sys.exit(EXIT_TIMEOUT)
+        read = await lookup(settings, saga_id)
+        unanswered = functools.partial(_decision_not_answered, name, deadline.seconds)
+        with client_outcomes(as_json, unanswered, follow=f"saga show {saga_id}"):
+            bus = cli_bus(settings)
+            async with SagaClient(bus, answer_within_s=deadline.for_answer()) as client:
+                await send(client, read, deadline.for_answer())
+                if wait_s is not None:
+                    try:
+                        await client.wait(saga_id, seconds=deadline.left(), stops=True)
+                    except TimeoutError:
+                        click.echo(f"saga {saga_id}: no outcome within {wait_s}s", err=True)
+                        sys.exit(EXIT_TIMEOUT)
         return await with_store(settings, lambda s: s.get(saga_id))
 
     print_outcome(saga_id, run_async(work()), as_json)
+
+
+def _decision_not_answered(name: str, seconds: float, exc: NotAnswered) -> str:
+    """The paragraph for a decision sent and not answered: it is not lost."""
+    sid = exc.saga_id or ""
+    times = "once" if exc.sends == 1 else f"{exc.sends} times"
+    sent = f"it was sent {times} as message {exc.message_id}"
+    # The coordinator may be down, or running and holding the answer: an abort is answered
+    # once the step in flight that cannot be undone is settled. Which one, nobody here knows.
+    held = (" (or it is applied and waits for a step in flight that cannot be undone to be "
+            "settled, which its answer will name)" if name == "abort" else "")  # fmt: skip
+    if exc.queued:
+        return (
+            f"not answered within {seconds:g} s, but the {name} of saga {sid} is queued: "
+            f"{sent} and RabbitMQ took it. It will be applied when the coordinator runs{held}; "
+            f"follow it with `saga show {sid}`."
+        )
+    return (
+        f"not answered within {seconds:g} s, and RabbitMQ did not confirm the {name} of "
+        f"saga {sid}: {sent}, so it may be queued (then it will be applied when the "
+        f"coordinator runs) or lost. Look with `saga show {sid}` before deciding again."
+    )
 
 
 # client method, its text field, whether the text is required, and the command's help
@@ -86,9 +123,11 @@ def decision_command(name: str) -> click.Command:
     @click.pass_context
     def command(ctx: click.Context, saga_id: str, text: str, wait_s: float | None,
                 as_json: bool) -> None:  # fmt: skip
-        async def send(client: SagaClient, order: str) -> None:
+        async def send(client: SagaClient, read: SagaState, within_s: float) -> None:
             decide = getattr(client, name)
-            await decide(saga_id, order_id=order, **{field: text})
+            gate = {"step": gate_step(read)} if name in ("approve", "reject") else {}
+            await decide(saga_id, order_id=read.order_id, answer_within_s=within_s,
+                         **{field: text}, **gate)  # fmt: skip
 
         _decide(ctx, saga_id, send, wait_s, as_json)
 
@@ -96,7 +135,11 @@ def decision_command(name: str) -> click.Command:
     for option in (
         click.option("--json", "as_json", is_flag=True),
         click.option(
-            "--wait", "wait_s", type=Seconds(), help="Wait this many seconds for the next stop"
+            "--wait",
+            "wait_s",
+            type=Seconds(),
+            help="Wait for the next stop: the whole command takes about this many seconds at "
+            f"most [without it: {ANSWER_WITHIN_S:g} s, to the answer]",
         ),
         # (no default at all when required: click 8.5 takes default=None as a value given)
         click.option(
@@ -111,3 +154,51 @@ def decision_command(name: str) -> click.Command:
 
 
 abort, approve, reject, resume, resolve = (decision_command(n) for n in DECISIONS)
+
+
+@click.command()
+@click.argument("saga_id")
+@click.option(
+    "--step",
+    "step",
+    type=click.IntRange(0, 999),
+    default=None,
+    help="The step in doubt [default: the saga's one step in doubt]",
+)
+@click.option(
+    "--happened/--did-not-happen",
+    "happened",
+    default=None,
+    help="What the system itself says (its log, its record)",
+)
+@click.option(
+    "--note", "note", required=True, callback=not_blank, help="How you know, for the register"
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=Seconds(),
+    help="Wait for the next stop: the whole command takes about this many seconds at most",
+)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def settle(ctx: click.Context, saga_id: str, step: int | None, happened: bool | None, note: str,
+           wait_s: float | None, as_json: bool) -> None:  # fmt: skip
+    """Settle a step in doubt, as a person: it happened, or it did not. "Did not happen" takes
+    effect once the step's service has fenced its key (refused while a call holds it); the
+    decision names the register's version it was made on, so an answer that came first wins."""
+    if happened is None:
+        raise click.UsageError("say which way it went: --happened or --did-not-happen")
+
+    async def send(client: SagaClient, read: SagaState, within_s: float) -> None:
+        doubtful = [s.index for s in read.steps if s.status == "in_doubt"]
+        which = step if step is not None else (doubtful[0] if len(doubtful) == 1 else None)
+        if which is None:
+            raise click.ClickException(f"saga {saga_id} has no step in doubt (it is {read.status})")
+        reply = await client.settle(saga_id, order_id=read.order_id, step=which,
+                                    happened=bool(happened), note=note, version=read.version,
+                                    answer_within_s=within_s)  # fmt: skip
+        if not as_json and reply.reason:
+            click.echo(reply.reason, err=True)
+
+    _decide(ctx, saga_id, send, wait_s, as_json)

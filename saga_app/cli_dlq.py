@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import click
 
-from saga_app.cli_support import cli_bus, not_blank, run_async, settings_of, with_store
+from saga_app.cli_support import (
+    Deadline,
+    cli_bus,
+    client_outcomes,
+    not_blank,
+    run_async,
+    settings_of,
+    with_store,
+)
 from saga_app.moments import parse_moment
 from saga_app.output import dump, table
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.processor import Processor
 from saga_coordinator.store import Store
-from shared.client import SagaClient
+from shared.client import NotAnswered, SagaClient
 from shared.config import Settings
 from shared.gateway import load_catalog
 from shared.messages import DeskReply
@@ -140,15 +149,23 @@ def dlq_replay(ctx: click.Context, dead_letter_id: int | None, order_id: str | N
     if sum(targets) + replay_all != 1:
         raise click.UsageError("give one of ID, --order ID, --reason REASON or --all")
 
+    settings = settings_of(ctx)
+    deadline = Deadline(None)
+
     async def work() -> DeskReply:
-        async with cli_bus(settings_of(ctx)) as bus, SagaClient(bus) as client:
-            return await client.replay_dead_letters(
-                dead_letter_id=dead_letter_id,
-                order_id=order_id,
-                death_reason=death_reason,
-                every=replay_all,
-                note=note,
-            )
+        with client_outcomes(
+            as_json, _desk_not_answered("replay", deadline.seconds), follow="saga dlq list"
+        ):
+            bus = cli_bus(settings)
+            async with SagaClient(bus, answer_within_s=deadline.for_answer()) as client:
+                return await client.replay_dead_letters(
+                    dead_letter_id=dead_letter_id,
+                    order_id=order_id,
+                    death_reason=death_reason,
+                    every=replay_all,
+                    note=note,
+                    answer_within_s=deadline.for_answer(),
+                )
 
     _report(run_async(work()), as_json)
 
@@ -172,11 +189,40 @@ def dlq_discard(ctx: click.Context, dead_letter_id: int, reason: str, yes: bool,
         if not click.confirm("discard it?", default=False):
             raise click.ClickException("not discarded")
 
+    deadline = Deadline(None)  # from the answer to the question, if asked
+
     async def work() -> DeskReply:
-        async with cli_bus(settings) as bus, SagaClient(bus) as client:
-            return await client.discard_dead_letter(dead_letter_id, reason=reason)
+        with client_outcomes(
+            as_json, _desk_not_answered("discard", deadline.seconds), follow="saga dlq list"
+        ):
+            bus = cli_bus(settings)
+            async with SagaClient(bus, answer_within_s=deadline.for_answer()) as client:
+                return await client.discard_dead_letter(
+                    dead_letter_id, reason=reason, answer_within_s=deadline.for_answer()
+                )
 
     _report(run_async(work()), as_json)
+
+
+def _desk_not_answered(operation: str, seconds: float) -> Callable[[NotAnswered], str]:
+    """The paragraph for a desk command sent and not answered: it is not lost."""
+
+    def said(exc: NotAnswered) -> str:
+        times = "once" if exc.sends == 1 else f"{exc.sends} times"
+        sent = f"it was sent {times} as message {exc.message_id}"
+        if exc.queued:
+            return (
+                f"not answered within {seconds:g} s, but the {operation} is queued: "
+                f"{sent} and RabbitMQ holds it. The coordinator does it when it runs; follow "
+                "it with `saga dlq list`."
+            )
+        return (
+            f"not answered within {seconds:g} s, and RabbitMQ did not confirm the "
+            f"{operation}: {sent}, so it may be queued (then the coordinator does it when it "
+            "runs) or lost. Look with `saga dlq list` before sending it again."
+        )
+
+    return said
 
 
 def _report(reply: DeskReply, as_json: bool) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import asyncpg
@@ -12,10 +14,11 @@ import click
 from aiormq.exceptions import AMQPConnectionError, AMQPError
 from pydantic import ValidationError
 
+from saga_app.output import dump
 from saga_coordinator.store import Store
 from shared import loop
 from shared.bus import Bus
-from shared.client import CommandRejected
+from shared.client import BrokerUnreachable, CommandRejected, NotAnswered
 from shared.codec import describe
 from shared.config import Settings, masked
 from shared.errors import SagaError
@@ -26,6 +29,11 @@ T = TypeVar("T")
 EXIT_REFUSED = 2
 EXIT_TIMEOUT = 3
 EXIT_STOPPED = 4  # --wait: the saga stopped at a gate, waiting for a person
+# Sent, and queued (or perhaps queued), but not answered in time: it applies when the
+# coordinator runs, and sending it again with the same message id is safe.
+EXIT_NOT_ANSWERED = 5
+ANSWER_WITHIN_S = 10.0  # a command without --wait: how long it may take, answer included
+MIN_ANSWER_S = 1.0  # however little --wait leaves, the time given to connect and be answered
 _OVERRIDES, _SETTINGS = "saga.overrides", "saga.settings"
 
 
@@ -65,12 +73,57 @@ class Seconds(click.FloatRange):
         return seconds
 
 
+class Deadline:
+    """The bound of a whole command that sends one: ``--wait`` seconds from now (connecting,
+    sending and resending, the answer, the outcome), or ``ANSWER_WITHIN_S`` without it."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = ANSWER_WITHIN_S if seconds is None else seconds
+        self._end = time.monotonic() + self.seconds
+
+    def left(self) -> float:
+        return max(0.0, self._end - time.monotonic())
+
+    def for_answer(self) -> float:
+        """What is left for connecting and the answer (never less than MIN_ANSWER_S)."""
+        return max(self.left(), MIN_ANSWER_S)
+
+
+@contextlib.contextmanager
+def client_outcomes(
+    as_json: bool,
+    unanswered: Callable[[NotAnswered], str],
+    *,
+    follow: str | None = None,
+    ids: dict[str, str] | None = None,
+) -> Iterator[None]:
+    """A command sent and not answered: ``unanswered``'s paragraph on stderr (and, with
+    ``--json``, the facts and the command to ``follow`` it with on stdout), exit
+    ``EXIT_NOT_ANSWERED``. The broker out of reach (nothing sent): one line naming its URL
+    (and, with ``--json``, the facts, with the ``ids`` the command would have had), exit 1."""
+    try:
+        yield
+    except NotAnswered as exc:
+        if as_json:
+            dump({**exc.facts(), "follow": follow})
+        click.echo(one_line(unanswered(exc)), err=True)
+        sys.exit(EXIT_NOT_ANSWERED)
+    except BrokerUnreachable as exc:
+        if as_json:
+            facts = exc.facts()
+            dump({**facts, **{k: v for k, v in (ids or {}).items() if facts.get(k) is None}})
+        raise click.ClickException(one_line(str(exc))) from None
+
+
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return loop.run(coro)
     except CommandRejected as exc:
         click.echo(f"refused: {one_line(exc.reason)}", err=True)
         sys.exit(EXIT_REFUSED)
+    except NotAnswered as exc:
+        click.echo(one_line(str(exc)), err=True)
+        sys.exit(EXIT_NOT_ANSWERED)
     except SagaError as exc:
         raise click.ClickException(str(exc)) from None
     except ValidationError as exc:

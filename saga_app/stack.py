@@ -52,15 +52,18 @@ class Stack:
         settings: Settings,
         components: Iterable[str] = ("all",),
         console: ConsoleSettings | None = None,
+        services: Iterable[Service[Any]] = (),
     ) -> None:
         """``console``: the console's settings; with ``all``, the console runs when they name an
-        accounts file."""
+        accounts file; ``services``: services of one's own, as objects (the test harness)."""
         self.settings = settings
         self.catalog: Catalog = load_catalog(settings.catalog_file)
         chosen = [c for c in dict.fromkeys(components) if c != "all"]
         self.services: dict[str, Service[Any]] = {
             c: load_service(c) for c in chosen if c not in _NOT_SERVICES
         }
+        self.services |= {s.name: s for s in services}
+        chosen += [s.name for s in services if s.name not in chosen]
         if "all" in components:  # the coordinator, and a built-in adapter per service left
             taken = {s.name for s in self.services.values()}
             needed = [s for s in SYSTEMS if s in self.catalog.services and s not in taken]
@@ -200,7 +203,12 @@ class Stack:
             ("intake", Intake(self.settings, self.catalog, bus, store, desk).run()),
             ("coordinator", self.coordinator.run()),
             ("relay", self._relay.run()),
-            ("dead-letters", DeadLetterIngester(self.settings, bus, store).run()),
+            (
+                "dead-letters",
+                DeadLetterIngester(
+                    self.settings, bus, store, self.coordinator.processor.release
+                ).run(),
+            ),
             ("deadlines", DeadlineTimer(self.settings, store, bus.topology).run()),
             ("gauges", keep_gauges(pool, self.settings.metrics_poll_s)),
         ]

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import JsonValue, TypeAdapter
+from pydantic import Field, JsonValue, TypeAdapter
 
 from saga_coordinator.authority import may_send
 from saga_coordinator.gatekeeper import stamped
@@ -35,6 +35,7 @@ from saga_coordinator.processor import Processor
 from saga_coordinator.register import SagaState
 from services.adapter import Adapter
 from services.errors import Permanent, Transient
+from services.keys import MemoryKeys
 from services.sdk import Result, Service
 from shared.catalog import Catalog, service_of
 from shared.client import CommandRejected
@@ -56,6 +57,7 @@ from shared.messages import (
     Role,
     SagaEvent,
     Sender,
+    SettleRequest,
     StartSaga,
 )
 from shared.topology import Topology
@@ -63,6 +65,9 @@ from shared.topology import Topology
 FaultMode = Literal["permanent", "transient", "hang"]
 REPLIES, EVENTS = "kit.replies", "kit.events"  # the kit's own queues, as a client's
 _EVENT: TypeAdapter[SagaEvent] = TypeAdapter(SagaEvent)
+_ACTION: TypeAdapter[ActionRequest | SettleRequest] = TypeAdapter(
+    Annotated[ActionRequest | SettleRequest, Field(discriminator="type")]
+)
 
 
 class _Hang(Exception):
@@ -78,7 +83,7 @@ class _Faulty(Service[Any]):
     """A service whose calls first pass the kit's injected faults."""
 
     def __init__(self, inner: Service[Any], kit: SagaKit) -> None:
-        super().__init__(inner.name)
+        super().__init__(inner.name, status=inner.status, atomic=inner.atomic)
         self._inner, self._kit = inner, kit
         self._handlers = inner._handlers
         self._setup = inner._setup
@@ -114,7 +119,8 @@ class SagaKit:
         self.now = now or datetime(2026, 1, 1, tzinfo=UTC)
         self.sent: list[Any] = []  # every message, in the order it went out
         self.calls: list[ActionRequest] = []  # every call of a function, retries included
-        self.unanswered: list[ActionRequest] = []  # requests no service took, or that hung
+        # requests (and settles) no service took, or that hung
+        self.unanswered: list[ActionRequest | SettleRequest] = []
         self._faults: dict[tuple[str, str | None], _Fault] = {}
         self.bus = MemoryBus(self.topology)
         self.bus.bind(EVENTS, self.topology.events_exchange, "#")
@@ -125,9 +131,12 @@ class SagaKit:
         self._adapters: dict[str, Adapter] = {}
         self._resources = contextlib.AsyncExitStack()
         for service in services:
+            # The key record in memory, read against the kit's clock: a claim's lease runs out
+            # as the kit's time moves on.
+            keys = MemoryKeys(lambda: self.now, atomic=service.atomic)
             adapter = Adapter(
                 _Faulty(service, self), self.settings, self.catalog, None, None,
-                sleep=_no_wait,
+                sleep=_no_wait, keys=keys, owner=f"{service.name}@kit",
             )  # fmt: skip
             self._adapters[service.name] = adapter
 
@@ -272,15 +281,26 @@ class SagaKit:
             self.sent.append(message)
             await self._process(message)
         elif kind == "action":
-            req = ActionRequest.model_validate_json(body)
+            req = _ACTION.validate_json(body)
             self.sent.append(req)
-            await self._perform(req)
+            await (self._answer_settle(req) if isinstance(req, SettleRequest)
+                   else self._perform(req))  # fmt: skip
         elif queue == EVENTS:
             self.sent.append(_EVENT.validate_json(body))
         elif queue == REPLIES:
             reply = CommandReply.model_validate_json(body)
             self.sent.append(reply)
             self._replies[reply.command_id] = reply
+
+    async def _answer_settle(self, req: SettleRequest) -> None:
+        """A settle, answered from the service's key record as its adapter would."""
+        adapter = self._adapters.get(service_of(req.action))
+        if adapter is None:
+            self.unanswered.append(req)
+            return
+        answer = await adapter.settle(req)
+        key = self.topology.partition_key(req.order_id)
+        await self.bus.publish(self.topology.partitions_exchange, key, answer)
 
     async def _perform(self, req: ActionRequest) -> None:
         adapter = self._adapters.get(service_of(req.action))

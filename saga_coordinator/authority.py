@@ -17,8 +17,8 @@ _SENDS: dict[Role, frozenset[str]] = {
     "ops": frozenset({"saga.start", "saga.status", "saga.abort", "saga.resume", "saga.approve",
                       "saga.reject", "dlq.replay", "dlq.discard"}),
     "person": frozenset({"saga.start", "saga.status", "saga.abort", "saga.resume",
-                         "saga.approve", "saga.reject", "saga.resolve", "dlq.replay",
-                         "dlq.discard"}),
+                         "saga.approve", "saga.reject", "saga.resolve", "saga.settle",
+                         "dlq.replay", "dlq.discard"}),
 }  # fmt: skip
 _SENDS["console"] = _SENDS["ops"]
 
@@ -29,6 +29,8 @@ def may_send(role: Role, command_type: str) -> str | None:
         return None
     if command_type == "saga.resolve":
         return "only a person may resolve a saga"
+    if command_type == "saga.settle":
+        return "only a person may settle a step in doubt, from that person's own account"
     return f"{role} accounts may not send {command_type}"
 
 

@@ -202,7 +202,11 @@ class Coordinator:
             max_batch=self.settings.partition_batch,
             depth=self.settings.partition_depth,
             on_failure=failure_recorder(
-                self.store.pool, queue, block_order=True, key=self._block_key
+                self.store.pool,
+                queue,
+                block_order=True,
+                key=self._block_key,
+                hold_s=self.settings.db_retry_s,
             ),
         )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -178,6 +179,10 @@ async def bury_unroutable(tx: Tx, row: Any, error: BaseException) -> None:
     )  # fmt: skip
 
 
+# Lifts an order's block by a message and applies what waits behind it (``Processor.release``).
+Release = Callable[[Tx, str, str, datetime], Awaitable[object]]
+
+
 @dataclass(frozen=True)
 class Judgement:
     """What the ingester makes of a dead letter."""
@@ -189,11 +194,34 @@ class Judgement:
     detail: str | None = None
 
 
+async def applied_elsewhere(
+    tx: Tx, judged: Judgement, release: Release | None, now: datetime
+) -> bool:
+    """Whether another copy of a dead message was applied (a publisher sent it twice, one copy
+    went through, the other used up its deliveries): then its death holds nothing, and
+    blocking its order would stop it for an operator's replay that can only be absorbed; a
+    block its failures left is lifted (``release``: the processor's, which applies what waits
+    behind it). The order's lock comes first: a copy applied meanwhile either committed
+    before (its inbox row is seen here) or waits for this commit, then finds the block and
+    lifts it."""
+    if not (judged.blocks and judged.order_id and judged.block_key):
+        return False
+    await tx.lock_order(judged.order_id)
+    if not await tx.applied(judged.block_key):
+        return False
+    if release is not None:
+        await release(tx, judged.order_id, judged.block_key, now)
+    return True
+
+
 class DeadLetterIngester:
-    def __init__(self, settings: Settings, bus: Bus, store: Store) -> None:
+    def __init__(
+        self, settings: Settings, bus: Bus, store: Store, release: Release | None = None
+    ) -> None:
         self.settings = settings
         self.bus = bus
         self.store = store
+        self.release = release
         self.directory = Directory.from_settings(settings)
 
     async def handle(self, delivery: AbstractIncomingMessage) -> None:
@@ -228,12 +256,16 @@ class DeadLetterIngester:
         failure = await tx.conn.fetchrow(Q.failure_get, ident.message_id, death.queue or "")
         sender = header_text(delivery.user_id, 128)
         judged = await self.judge(tx, delivery, ident, death, sender)
+        # what the consumer said when it gave up, else what the ingester found
+        error = failure["last_error"] if failure else judged.detail
+        if await applied_elsewhere(tx, judged, self.release, death.at):
+            judged = replace(judged, blocks=False)
+            error = f"{error or judged.reason}; another copy of it was applied: it holds nothing"
         letter = Letter(
             message_id=ident.message_id, message_type=ident.message_type,
             order_id=judged.order_id, saga_id=ident.saga_id, queue=death.queue,
             exchange=death.exchange, routing_key=death.routing_key, reason=judged.reason,
-            # what the consumer said when it gave up, else what the ingester found
-            error=failure["last_error"] if failure else judged.detail,
+            error=error,
             attempts=failure["attempts"] if failure else death.count,
             first_at=failure["first_at"] if failure else death.at, last_at=death.at,
             headers=headers, body=delivery.body, sender=sender,

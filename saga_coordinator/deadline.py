@@ -14,13 +14,13 @@ from typing import Literal
 
 from saga_coordinator.register import SagaState, gate_key
 from saga_coordinator.transition import Transition
-from shared.messages import ActionRequest
+from shared.messages import ActionRequest, SettleRequest
 
 
 @dataclass(frozen=True)
 class Arm:
     step: int
-    phase: Literal["forward", "compensation", "gate"]
+    phase: Literal["forward", "compensation", "gate", "settle"]
     idempotency_key: str
     attempt: int
     due_at: datetime
@@ -37,10 +37,13 @@ DeadlineChange = Arm | Disarm | None
 
 def after(state: SagaState, transition: Transition, now: datetime) -> DeadlineChange:
     """The deadline ``state`` needs once ``transition`` (which produced it) is stored."""
-    requests = [m for m in transition.out if isinstance(m, ActionRequest)]
+    requests = [m for m in transition.out if isinstance(m, ActionRequest | SettleRequest)]
     if requests:
         req = requests[-1]
         step = state.steps[req.step]
+        if isinstance(req, SettleRequest):  # a settle is answered from a key record: as fast
+            due = now + timedelta(seconds=step.answer_within_s)
+            return Arm(req.step, "settle", req.idempotency_key, req.attempt, due)
         wait = step.answer_within_s if req.phase == "forward" else step.compensation_answer_within_s
         return Arm(
             req.step, req.phase, req.idempotency_key, req.attempt, now + timedelta(seconds=wait)
@@ -49,6 +52,6 @@ def after(state: SagaState, transition: Transition, now: datetime) -> DeadlineCh
     if state.status == "awaiting_approval" and gated is not None and gated.gate is not None:
         due = now + timedelta(seconds=gated.gate.timeout_s)
         return Arm(gated.index, "gate", gate_key(state.saga_id, gated), 1, due)
-    if not any(s.status == "running" or s.compensation_status == "running" for s in state.steps):
+    if not any(s.in_flight for s in state.steps):
         return Disarm()
     return None  # a request is still out from before: its deadline stands

@@ -32,14 +32,20 @@ def decide_gate(state: SagaState, command: ApproveSaga | RejectSaga, now: dateti
     if state.status != "awaiting_approval" or step is None or step.gate is None:
         reason = f"saga {state.saga_id} is {state.status}, not waiting at an approval gate"
         return refuse(state, command, now, reason)
+    if command.step is not None and command.step != step.index:
+        reason = (
+            f"saga {state.saga_id} waits at the gate before step {step.index}, not {command.step}"
+        )
+        return refuse(state, command, now, reason)
     refused = may_decide_gate(step.gate.require_person, command.sender)
     if refused is not None:
         reason = f"the gate before {step.action}: {refused}"
         return refuse(state, command, now, reason, "not_permitted")
     out: list[Outgoing] = list(reply(command, now))
     if isinstance(command, ApproveSaga):
-        return _approve(state, step, decided("approve", command.note, command, now), now, out)
-    decision = decided("reject", command.reason, command, now)
+        decision = decided("approve", command.note, command, now, step.index)
+        return _approve(state, step, decision, now, out)
+    decision = decided("reject", command.reason, command, now, step.index)
     why = f"rejected at the gate before {step.action}: {command.reason}"
     return _refuse(state, step, "rejected", decision, why, now, out)
 
@@ -55,7 +61,7 @@ def gate_timed_out(state: SagaState, message: DeadlineReached, now: datetime) ->
     ):
         return ignored(state, f"stale gate deadline for step {message.step}")
     note = f"no decision within {step.gate.timeout_s:g}s"
-    decision = Decision(kind="gate_timeout", note=note, at=now, by="timer")
+    decision = Decision(kind="gate_timeout", note=note, at=now, by="timer", step=step.index)
     if step.gate.on_timeout == "approve":
         return _approve(state, step, decision, now, [])
     why = f"the gate before {step.action} timed out: {note}"

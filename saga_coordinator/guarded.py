@@ -29,7 +29,7 @@ from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow, Parked
 from saga_coordinator.writes import Writes, columns, order_row
 from shared import metrics
-from shared.messages import Envelope
+from shared.messages import CommandReply, Envelope
 from shared.sql import Queries
 
 if TYPE_CHECKING:
@@ -125,6 +125,12 @@ class GuardedTx(Writes):
     async def lock_saga(self, saga_id: str) -> SagaState | None:
         raise NotHeld("a saga locked")
 
+    async def stored_reply(self, message_id: str) -> CommandReply | None:
+        raise NotHeld("a stored reply read")
+
+    async def applied(self, message_id: str) -> bool:
+        raise NotHeld("the inbox read")
+
     async def next_waiting(self, order_id: str) -> SagaState | None:
         raise NotHeld("a waiting saga read")
 
@@ -156,6 +162,7 @@ class GuardedTx(Writes):
             [s.saga_id for s in sagas], [by_id[s.saga_id].saga_version for s in sagas],
             [s.order_id for s in sagas], [s.saga for s in sagas], [s.status for s in sagas],
             [s.model_dump_json() for s in sagas], now, *rest, self._delete,
+            *self.take_replies(),
         )  # fmt: skip
         assert row is not None  # held: saga_guard raised otherwise
         self.sent = list(zip(row["ids"], out, strict=True))

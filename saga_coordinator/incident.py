@@ -17,8 +17,27 @@ def _ids(result: dict[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (result or {}).items() if k.endswith("_id") and v}
 
 
-def _ran(step: Step) -> bool:
-    return step.status in ("done", "compensated", "compensation_failed")
+def _known_done(step: Step) -> bool:
+    """Done, and known to be: a step whose outcome was unknown counts only once settled."""
+    ran = step.status in ("done", "compensated", "compensation_failed")
+    return ran and (not step.effect_unknown or step.settled == "happened")
+
+
+def _may_have_happened(step: Step) -> bool:
+    unsettled = step.effect_unknown and step.settled is None
+    return step.status == "in_doubt" or (
+        unsettled and step.status in ("failed", "compensated", "compensation_failed")
+    )
+
+
+def _never_happened(step: Step) -> bool:
+    if step.status in ("skipped", "pending") or step.settled == "did_not_happen":
+        return True
+    return (
+        step.status == "failed"
+        and not step.effect_unknown
+        and step.action_class is not ActionClass.READ_ONLY
+    )
 
 
 def incident(state: SagaState) -> dict[str, Any]:
@@ -38,7 +57,17 @@ def incident(state: SagaState) -> dict[str, Any]:
                 "at": s.finished_at,
             }
             for s in steps
-            if _ran(s) or (s.status == "failed" and s.effect_unknown)
+            if _known_done(s)
+        ],
+        "may_have_happened": [
+            {
+                "step": s.index,
+                "action": s.action,
+                "why": s.doubt or s.error or "",
+                "at": s.finished_at,
+            }
+            for s in steps
+            if _may_have_happened(s)
         ],
         "put_back": [
             {
@@ -69,12 +98,7 @@ def incident(state: SagaState) -> dict[str, Any]:
         "never_happened": [
             {"step": s.index, "action": s.action, "why": _never(s)}
             for s in steps
-            if s.status in ("skipped", "pending")
-            or (
-                s.status == "failed"
-                and not s.effect_unknown
-                and s.action_class is not ActionClass.READ_ONLY
-            )
+            if _never_happened(s)
         ],
         "decisions": [d.model_dump(mode="json") for d in state.decisions],
     }
@@ -92,6 +116,8 @@ def _why_not(step: Step) -> str:
 
 
 def _never(step: Step) -> str:
+    if step.settled == "did_not_happen":
+        return f"its key was fenced before it ran (said by {step.settled_by})"
     if step.status == "failed":
         return f"failed, nothing changed: {step.error}"
     return ""
@@ -109,6 +135,8 @@ def render_markdown(state: SagaState) -> str:
         lines.append(f"**Needs a person:** {r['needs_human_reason']}")
     sections: list[tuple[str, list[dict[str, Any]], Callable[[dict[str, Any]], str]]] = [
         ("What was done", r["done"], lambda x: f"{x['action']} {_fmt_ids(x['identifiers'])}"),
+        ("What may have happened (in doubt)", r["may_have_happened"],
+         lambda x: f"{x['action']}: {x['why']}"),
         ("What was put back", r["put_back"],
          lambda x: f"{x['action']} undone by {x['by']} {_fmt_ids(x['identifiers'])}"),
         ("What was not put back", r["not_put_back"], lambda x: f"{x['action']}: {x['why']}"),
@@ -137,6 +165,9 @@ def render_summary(state: SagaState) -> str:
             for x in r["put_back"]
         ],
         "residue": [f"step {x['step']} {x['action']}: {x['residue']}" for x in r["residue"]],
+        "may have happened": [
+            f"step {x['step']} {x['action']}: {x['why']}" for x in r["may_have_happened"]
+        ],
         "never happened": [
             f"step {x['step']} {x['action']}" + (f" ({x['why']})" if x["why"] else "")
             for x in r["never_happened"]

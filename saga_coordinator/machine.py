@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from saga_coordinator import gates
+from saga_coordinator import doubt, gates, repeats
 from saga_coordinator.authority import may_act
 from saga_coordinator.progress import (
     abort_overtaken,
@@ -42,6 +42,7 @@ from shared.messages import (
     AbortSaga,
     ActionDone,
     ActionFailed,
+    ActionSettled,
     ApproveSaga,
     DeadlineReached,
     PartitionMessage,
@@ -49,8 +50,11 @@ from shared.messages import (
     RejectSaga,
     ResolveSaga,
     ResumeSaga,
+    SettleSaga,
     StartSaga,
 )
+
+_DECISIONS = AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga | SettleSaga
 
 
 def decide(
@@ -66,22 +70,41 @@ def decide(
     person), if any; a new saga of the order then waits behind it. ``admitted``: what
     ``admit(catalog, message)`` returned for this start, when the caller has it already."""
     if isinstance(message, StartSaga):
-        if state is not None:
-            return ignored(state, f"saga {message.saga_id} already exists")
         try:
             plan = admitted if admitted is not None else admit(catalog, message)
         except PlanRejected as exc:
             return refuse(None, message, now, str(exc), exc.rule)
+        if state is not None:  # sent again, or the id reused for something else
+            return repeats.start_again(state, message, plan, now)
         return start(message, plan, now, waiting_for=order_held_by)
     if state is None:
-        if isinstance(message, AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga):
+        if isinstance(message, _DECISIONS):
             reason = f"no saga {message.saga_id}"
             return refuse(None, message, now, reason, "no_saga")
         return Transition(None, note=f"no saga {message.saga_id}: ignored", changed=False)
-    if isinstance(message, AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga):
+    if isinstance(message, _DECISIONS):
         refused = may_act(state, message.type, message.sender)
         if refused is not None:
             return refuse(state, message, now, refused, "not_permitted")
+        decision = _decide(state, message, now)
+        if decision.refused is not None and decision.rule == "saga_state":
+            return repeats.decided_before(state, message, now) or decision
+        return decision
+    if isinstance(message, ActionSettled):
+        return doubt.on_settled(state, message, now)
+    if isinstance(message, DeadlineReached):
+        if message.phase == "gate":
+            return gates.gate_timed_out(state, message, now)
+        if message.phase == "settle":
+            return doubt.on_deadline(state, message, now)
+        return on_deadline(state, message, now)
+    if message.phase == "compensation":
+        return on_compensation_outcome(state, message, now)
+    return on_forward_outcome(state, message, now)
+
+
+def _decide(state: SagaState, message: _DECISIONS, now: datetime) -> Transition:
+    """A person's, an operator's or an agent's decision about a saga."""
     if isinstance(message, AbortSaga):
         return abort(state, message, now)
     if isinstance(message, ResumeSaga):
@@ -90,13 +113,7 @@ def decide(
         return resolve(state, message, now)
     if isinstance(message, ApproveSaga | RejectSaga):
         return gates.decide_gate(state, message, now)
-    if isinstance(message, DeadlineReached):
-        if message.phase == "gate":
-            return gates.gate_timed_out(state, message, now)
-        return on_deadline(state, message, now)
-    if message.phase == "compensation":
-        return on_compensation_outcome(state, message, now)
-    return on_forward_outcome(state, message, now)
+    return doubt.person_settles(state, message, now)
 
 
 def start(
@@ -171,17 +188,28 @@ def abort(state: SagaState, command: AbortSaga, now: datetime) -> Transition:
         reason = f"saga {state.saga_id} is {state.status}; only a running saga can be aborted"
         return refuse(state, command, now, reason)
     decision = decided("abort", command.reason, command, now)
-    out = list(reply(command, now))
+    # An irreversible step out now is settled first; the answer says which way it went.
+    state, waits = doubt.abort_in_flight(state, command, now)
+    out = [] if waits else list(reply(command, now))
     state = state.evolve(decisions=(*state.decisions, decision))
     state = begin_compensation(state, f"aborted: {command.reason}", now, out)
+    for step in state.steps:
+        if step.status == "running" and step.action_class is ActionClass.IRREVERSIBLE:
+            state = doubt.settle_first(state, step, now, out)
     state = advance(state, now, out)
-    return Transition(state, tuple(out), note="aborted")
+    return Transition(state, tuple(out), note="aborted" + (": settling first" if waits else ""))
 
 
 def resume(state: SagaState, command: ResumeSaga, now: datetime) -> Transition:
     if state.status != "needs_human":
         reason = f"saga {state.saga_id} is {state.status}; only needs_human can be resumed"
         return refuse(state, command, now, reason)
+    if any(s.status == "in_doubt" for s in state.steps):  # ask the step's service again
+        decision = decided("resume", command.note, command, now)
+        state = state.evolve(decisions=(*state.decisions, decision), updated_at=now)
+        out: list[Outgoing] = [*reply(command, now), event(state, "saga.resumed", now)]
+        state = doubt.resettle(state, now, out)
+        return Transition(state, tuple(out), note="resumed: settling again")
     steps = tuple(
         s.evolve(compensation_status="pending", compensation_round=s.compensation_round + 1)
         if s.compensation_status == "failed"
@@ -196,7 +224,7 @@ def resume(state: SagaState, command: ResumeSaga, now: datetime) -> Transition:
         decisions=(*state.decisions, decision),
         updated_at=now,
     )
-    out: list[Outgoing] = [*reply(command, now), event(state, "saga.resumed", now)]
+    out = [*reply(command, now), event(state, "saga.resumed", now)]
     state = advance(state, now, out)
     return Transition(state, tuple(out), note="resumed")
 
@@ -220,9 +248,11 @@ def on_forward_outcome(
         step is None
         or step.action != message.action
         or message.idempotency_key != forward_key(state.saga_id, step.action)
-        or step.status != "running"
+        or step.status not in ("running", "in_doubt")
     ):
         return ignored(state, f"stale {message.type} for step {message.step}")
+    if step.status == "in_doubt" or step.settling:
+        return doubt.outcome_while_settling(state, step, message, now)
     out: list[Outgoing] = []
     common: StepChanges = {"attempts": step.attempts + message.tries, "finished_at": now}
     if isinstance(message, ActionDone):
@@ -253,6 +283,8 @@ def on_forward_outcome(
 
 
 def _forward_failed(state: SagaState, step: Step, reason: str, now: datetime) -> Transition:
+    if step.effect_unknown and step.action_class is ActionClass.IRREVERSIBLE:
+        return doubt.into_doubt(state, step, reason, now)  # nothing acts around it until settled
     out: list[Outgoing] = []
     step = step.evolve(status="failed", finished_at=now)
     if step.effect_unknown:
@@ -324,6 +356,7 @@ def on_compensation_outcome(
         return ignored(state, f"stale compensation {message.type} for step {message.step}")
     out: list[Outgoing] = []
     attempts = step.compensation_attempts + message.tries
+    step = _forward_settled_by(step, message)
     if isinstance(message, ActionDone):
         step = step.evolve(
             status="compensated",
@@ -336,6 +369,20 @@ def on_compensation_outcome(
         out.append(event(state, "step.compensated", now, step))
         return Transition(advance(state, now, out), tuple(out), note=f"step {step.index} undone")
     return _compensation_failed(state, step, message.reason, attempts, now)
+
+
+def _forward_settled_by(step: Step, message: ActionDone | ActionFailed) -> Step:
+    """A compensable step in doubt is settled by its compensation, which fences its forward key
+    when it never ran: the register keeps which way it went."""
+    if not step.effect_unknown or step.settled is not None or message.forward is None:
+        return step
+    if message.forward == "done":
+        return step.evolve(settled="happened", settled_by=f"{step.compensation} (its key record)")
+    if message.forward in ("fenced", "failed"):
+        return step.evolve(
+            settled="did_not_happen", settled_by=f"{step.compensation} (its key record)"
+        )
+    return step
 
 
 def _compensation_failed(

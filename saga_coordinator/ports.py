@@ -5,7 +5,7 @@ same behaviour. The bus's is ``shared.ports.Publisher``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -15,7 +15,7 @@ from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow, Parked
 from saga_coordinator.store import Tx
 from saga_coordinator.transition import Event
-from shared.messages import Envelope
+from shared.messages import CommandReply, Envelope
 
 
 class Transaction(Protocol):
@@ -56,6 +56,15 @@ class Transaction(Protocol):
 
     async def lock_saga(self, saga_id: str) -> SagaState | None: ...
 
+    async def stored_reply(self, message_id: str) -> CommandReply | None:
+        """The answer given to the command handled under ``message_id``, if any."""
+
+    async def applied(self, message_id: str) -> bool:
+        """Whether the inbox holds ``message_id``: a copy of that message was applied."""
+
+    def remember_reply(self, message_id: str, reply: CommandReply) -> None:
+        """The answer given to a command, kept for when it is sent again under its id."""
+
     async def next_waiting(self, order_id: str) -> SagaState | None:
         """The order's saga that has waited longest (status ``waiting``)."""
 
@@ -78,6 +87,10 @@ class Transaction(Protocol):
 
     def count(self, events: Sequence[Event]) -> None:
         """Lifecycle events for the saga counters, counted once the transaction commits."""
+
+    def on_commit(self, done: Callable[[], None]) -> None:
+        """``done`` called once the transaction commits; not for a try that was rolled back
+        and decided again (a decision's span is ended, so exported, once)."""
 
     async def flush(self) -> None: ...
 

@@ -16,7 +16,7 @@ from datetime import datetime
 from opentelemetry.context import Context
 from pydantic import TypeAdapter
 
-from saga_coordinator import convoy, deadline
+from saga_coordinator import convoy, deadline, repeats
 from saga_coordinator.convoy import OrderView, Verdict
 from saga_coordinator.machine import begin, decide
 from saga_coordinator.ports import Transaction as Tx
@@ -27,7 +27,7 @@ from shared import tracing
 from shared.catalog import Catalog, service_of
 from shared.codec import PARTITION
 from shared.gateway import AdmittedPlan
-from shared.messages import ActionRequest, CommandReply, PartitionMessage
+from shared.messages import ActionRequest, CommandReply, PartitionMessage, SettleRequest
 from shared.topology import Topology
 
 _PARTITION: TypeAdapter[PartitionMessage] = PARTITION
@@ -40,7 +40,7 @@ def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
     for item in transition.out:
         if isinstance(item, Reply):
             rows.append(OutboxRow.of("", item.to, item.message))
-        elif isinstance(item, ActionRequest):
+        elif isinstance(item, ActionRequest | SettleRequest):
             service = service_of(item.action)
             rows.append(OutboxRow.of(topology.actions_exchange, service, item))
         elif topology.publishes(item.type):
@@ -63,7 +63,7 @@ def parked_reply(message: PartitionMessage, reason: str, now: datetime) -> Trans
         command_type=message.type,
         reason=reason,
     )
-    return Transition(None, (Reply(reply_to, reply),))
+    return Transition(None, (Reply(reply_to, reply, message.message_id),))
 
 
 class Processor:
@@ -93,8 +93,14 @@ class Processor:
     async def _handle(self, tx: Tx, message: PartitionMessage, claim: Claim, now: datetime) -> str:
         if not claim.fresh:
             await self._release(tx, claim.order, message.message_id, now)
-            tx.log(message, message.saga_id, "duplicate absorbed", None)
-            return "duplicate absorbed"
+            note = "duplicate absorbed"
+            if getattr(message, "reply_to", None) is not None:
+                stored = await tx.stored_reply(message.message_id)
+                again = repeats.answer_again(message, stored, claim.saga, now)
+                self._store(tx, again, now, message)
+                note += ", answered again" if again.out else ", answered once settled"
+            tx.log(message, message.saga_id, note, None)
+            return note
         order = claim.order
         seq = convoy.command_seq(message)
         arrival = None
@@ -115,7 +121,8 @@ class Processor:
         elif admission.verdict is Verdict.PARK:
             await tx.park(message, seq, admission.reason, arrival)
             order = replace(order, has_parked=True)
-            tx.outbox(route(self.topology, parked_reply(message, admission.reason, now)))
+            parked = parked_reply(message, admission.reason, now)
+            self._store(tx, parked, now)
             note = f"parked: {admission.reason}"
             tx.log(message, message.saga_id, note, None)
         else:
@@ -210,16 +217,24 @@ class Processor:
     def _store(
         self, tx: Tx, transition: Transition, now: datetime, message: PartitionMessage | None = None
     ) -> None:
+        # Ended once the transaction commits: a group decided on the cache and then again
+        # under locks (or split, or retried) traces each decision once.
         with self._span(transition.state, message) as span:
+            tx.on_commit(span.end)
             state = transition.state
-            if state is not None and state.trace is None and transition.changed:
-                state = state.evolve(trace=tracing.traceparent(span))  # the saga's root span
-                transition = replace(transition, state=state)
             if state is not None and transition.changed:
+                # Each stored change is a new version of the register, which a person's
+                # decision names; the first is the saga's root span too.
+                trace = state.trace or tracing.traceparent(span)
+                state = state.evolve(version=state.version + 1, trace=trace)
+                transition = replace(transition, state=state)
                 tx.save_saga(state, now=now)
                 self._deadline(tx, state, transition, now)
             tx.outbox(route(self.topology, transition))
             tx.count([item for item in transition.out if isinstance(item, Event)])
+            for item in transition.out:
+                if isinstance(item, Reply) and item.remember_as is not None:
+                    tx.remember_reply(item.remember_as, item.message)
         if message is not None and transition.refused is not None:
             sender = getattr(message, "sender", None)
             user = sender.user if sender is not None else None
@@ -236,7 +251,7 @@ class Processor:
         parent = incoming if own else root
         name = f"coordinator {message.type}" if message is not None else "coordinator hand-over"
         return tracing.current(
-            name, context=parent, kind=tracing.SpanKind.CONSUMER,
+            name, context=parent, kind=tracing.SpanKind.CONSUMER, end_on_exit=False,
             attributes=lambda: tracing.attributes(state.saga_id, state.order_id) if state else {},
         )  # fmt: skip
 

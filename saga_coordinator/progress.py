@@ -59,7 +59,7 @@ def begin_compensation(
     for step in state.steps:
         if step.status == "pending":
             step = step.evolve(status="skipped")
-        elif step.status != "running":
+        elif step.status not in ("running", "in_doubt"):  # decided once they are settled
             step = step.evolve(compensation_status=compensation_needed(step))
         steps.append(step)
     state = state.evolve(steps=tuple(steps), status="compensating", reason=reason, updated_at=now)
@@ -68,8 +68,9 @@ def begin_compensation(
 
 
 def advance(state: SagaState, now: datetime, out: list[Outgoing]) -> SagaState:
-    """Issue the next action, or finish. One action is in flight per saga at any time."""
-    if any(s.status == "running" or s.compensation_status == "running" for s in state.steps):
+    """Issue the next action, or finish. One action is in flight per saga at any time, and
+    nothing moves while a step is in doubt (design rule 2)."""
+    if any(s.in_flight or s.status == "in_doubt" for s in state.steps):
         return state
     if state.status == "running":
         step = next((s for s in state.steps if s.status == "pending"), None)

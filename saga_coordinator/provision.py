@@ -136,7 +136,7 @@ async def setup_database(
     try:
         await admin.execute(Q.grant_roles, settings.user_prefix.replace("-", "_"))
         for service in own_services(settings):  # what a service's adapter itself writes
-            for statement in await admin.fetch(Q.service_grants, names[service]):
+            for statement in await admin.fetch(Q.service_grants, names[service], service):
                 await admin.execute(statement[0])
     finally:
         await admin.close()

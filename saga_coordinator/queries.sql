@@ -51,6 +51,9 @@ WITH saved AS (
         AS s (saga_id, order_id, saga, status, state)
     ON CONFLICT (saga_id) DO UPDATE
     SET status = EXCLUDED.status, state = EXCLUDED.state, updated_at = EXCLUDED.updated_at
+    -- A saga id another order took meanwhile is never written over: the guard below aborts
+    -- the statement, and the transaction runs again and finds it (saga_coordinator.store).
+    WHERE sagas.order_id = EXCLUDED.order_id
     RETURNING saga_id, xmin::text AS version
 ), armed AS (
     INSERT INTO deadlines (saga_id, order_id, step, phase, idempotency_key, attempt, due_at)
@@ -79,6 +82,11 @@ WITH saved AS (
 ), published AS (
     -- rows an earlier transaction of this process published since: gone with this statement
     DELETE FROM outbox WHERE id = ANY($32::bigint[])
+), remembered AS (
+    -- the answers given to the commands handled, for a command sent again under its id
+    INSERT INTO command_replies (message_id, body)
+    SELECT * FROM unnest($33::text[], $34::bytea[])
+    ON CONFLICT (message_id) DO UPDATE SET body = EXCLUDED.body
 ), logged AS (
     INSERT INTO saga_log (saga_id, order_id, message_id, message_type, note, seq)
     SELECT l.saga_id, l.order_id, l.message_id, l.message_type, l.note, l.seq
@@ -97,7 +105,8 @@ WITH saved AS (
 -- The ids of the rows written, in the list's order (ids grow with it); the sagas' and the
 -- orders' new row versions, in theirs; and, for rows the relay publishes, its wake-up,
 -- delivered at commit, so it never sees a row before it is visible.
-SELECT (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM sent) AS ids,
+SELECT saga_guard((SELECT count(*) FROM saved) = cardinality($1::text[])) AS held,
+       (SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM sent) AS ids,
        (SELECT coalesce(array_agg(v.version ORDER BY s.n), '{}')
         FROM saved v JOIN unnest($1::text[]) WITH ORDINALITY AS s (saga_id, n)
             ON s.saga_id = v.saga_id) AS versions,
@@ -184,6 +193,10 @@ WITH fresh AS (
     RETURNING id
 ), published AS (
     DELETE FROM outbox WHERE id = ANY($38::bigint[])
+), remembered AS (
+    INSERT INTO command_replies (message_id, body)
+    SELECT * FROM unnest($39::text[], $40::bytea[])
+    ON CONFLICT (message_id) DO UPDATE SET body = EXCLUDED.body
 ), logged AS (
     INSERT INTO saga_log (saga_id, order_id, message_id, message_type, note, seq)
     SELECT l.saga_id, l.order_id, l.message_id, l.message_type, l.note, l.seq
@@ -229,6 +242,12 @@ SELECT seq FROM existing UNION ALL SELECT last_seq FROM next;
 
 -- name: saga_lock
 SELECT state::text FROM sagas WHERE saga_id = $1 FOR UPDATE;
+
+-- name: stored_reply
+SELECT body FROM command_replies WHERE message_id = $1;
+
+-- name: inbox_has
+SELECT EXISTS (SELECT 1 FROM inbox WHERE message_id = $1);
 
 -- name: relay_lead
 -- Session-scoped: the relay keeps it until its connection ends.

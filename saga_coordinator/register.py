@@ -26,9 +26,15 @@ SagaStatus = Literal[
     "resolved",
 ]
 GateStatus = Literal["none", "waiting", "approved", "rejected", "timed_out"]
+# in_doubt: an irreversible step whose outcome is unknown (its last deadline passed, its
+# service said it may have landed): settled by its service's key record or by a person before
+# anything acts on it.
 StepStatus = Literal[
-    "pending", "running", "done", "failed", "compensated", "compensation_failed", "skipped"
-]
+    "pending", "running", "done", "failed", "compensated", "compensation_failed", "skipped",
+    "in_doubt",
+]  # fmt: skip
+# Which way a step whose outcome was unknown went, once known.
+Settled = Literal["happened", "did_not_happen"]
 # none: nothing to undo (never landed, or read-only); pending/running/compensated/failed: the
 # compensation's own lifecycle; impossible: an irreversible action that landed.
 CompensationStatus = Literal["none", "pending", "running", "compensated", "failed", "impossible"]
@@ -77,6 +83,15 @@ class StepChanges(TypedDict, total=False):
     compensation_result: dict[str, JsonValue] | None
     compensation_error: str | None
     compensated_at: datetime | None
+    settle_sends: int
+    settle_limit: int
+    settling: bool
+    settle_fence: bool
+    key_claims: int
+    fence_claims: int
+    settled: Settled | None
+    settled_by: str | None
+    doubt: str | None
 
 
 class SagaChanges(TypedDict, total=False):
@@ -92,6 +107,9 @@ class SagaChanges(TypedDict, total=False):
     decisions: tuple[Decision, ...]
     waiting_for: str | None
     trace: str | None
+    version: int
+    awaiting: tuple[Awaiting, ...]
+    paused_from: SagaStatus | None
 
 
 class Step(_Frozen):
@@ -137,14 +155,40 @@ class Step(_Frozen):
     compensation_error: str | None = None
     compensated_at: datetime | None = None
 
+    # Settling a forward call whose outcome is unknown (see ``saga_coordinator.doubt``): settle
+    # requests sent so far (monotonic across resumes, so each answer is told apart), the last
+    # send allowed in this round, whether one is out now, and whether it may fence a claim
+    # whose lease expired (a person said it did not happen).
+    settle_sends: int = 0
+    settle_limit: int = 0
+    settling: bool = False
+    settle_fence: bool = False
+    # How many calls the service last said had claimed the forward key, and how many it had
+    # when a person said it did not happen: their word fences the key only while no other call
+    # has claimed it since (it covers the calls they knew of, never one made after).
+    key_claims: int = 0
+    fence_claims: int = 0
+    # Once known: which way it went, and who said so (the service, its compensation, a late
+    # outcome, a person); ``doubt``: why it was in doubt, or what the service last said.
+    settled: Settled | None = None
+    settled_by: str | None = None
+    doubt: str | None = None
+
     def evolve(self, **changes: Unpack[StepChanges]) -> Step:
         return self._with(dict(changes))
 
     @property
     def may_have_landed(self) -> bool:
-        return self.status in ("done", "compensated", "compensation_failed") or (
+        if self.settled == "did_not_happen":
+            return False
+        return self.status in ("done", "compensated", "compensation_failed", "in_doubt") or (
             self.status == "failed" and self.effect_unknown
         )
+
+    @property
+    def in_flight(self) -> bool:
+        """A request or a settle of this step is out, with its deadline armed."""
+        return self.status == "running" or self.compensation_status == "running" or self.settling
 
 
 class Decision(_Frozen):
@@ -156,6 +200,20 @@ class Decision(_Frozen):
     at: datetime
     by: str = ""
     role: str = ""
+    step: int | None = None  # the gate or the step in doubt it was about
+
+
+class Awaiting(_Frozen):
+    """A command whose answer waits for a step in flight to be settled (an abort that came
+    while an irreversible step was out, a person's "it did not happen"): the reply says which
+    way it went. ``claimed``: what the sender said ("did_not_happen"), answered as refused
+    when the service's record says otherwise."""
+
+    reply_to: str
+    command_id: str
+    command_type: str
+    claimed: Settled | None = None
+    message_id: str = ""  # the command's, as the inbox has it
 
 
 class SagaState(_Frozen):
@@ -177,6 +235,12 @@ class SagaState(_Frozen):
     # The W3C traceparent of the saga's root span: later messages without a context (deadlines,
     # operators' commands) join the saga's trace by it.
     trace: str | None = None
+    # Raised by every stored change: a person's decision names the version it was made on.
+    version: int = 0
+    awaiting: tuple[Awaiting, ...] = ()
+    # In needs_human because a step is in doubt: what the saga was doing before (it goes on
+    # that way once the step is settled).
+    paused_from: SagaStatus | None = None
 
     def step(self, index: int) -> Step | None:
         return self.steps[index] if 0 <= index < len(self.steps) else None

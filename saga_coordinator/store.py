@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from saga_coordinator import guarded
 from saga_coordinator.cache import RegisterCache
@@ -27,7 +27,8 @@ from saga_coordinator.writes import Writes, columns, order_row
 from shared.codec import Identity, peek
 from shared.errors import RetryLater
 from shared.failures import Q as FQ
-from shared.messages import Envelope
+from shared.loop import stop_after_s
+from shared.messages import CommandReply, Envelope
 from shared.sql import TRANSIENT_DB_ERRORS, Queries, is_transient
 from shared.text import clean
 
@@ -175,6 +176,16 @@ class Tx(Writes):
         raw = await self.conn.fetchval(Q.saga_lock, saga_id)
         return None if raw is None else SagaState.model_validate_json(raw)
 
+    async def stored_reply(self, message_id: str) -> CommandReply | None:
+        """The answer given to the command handled under ``message_id``, if any."""
+        await self.flush(before_statement=True)
+        body = await self.conn.fetchval(Q.stored_reply, message_id)
+        return None if body is None else CommandReply.model_validate_json(body)
+
+    async def applied(self, message_id: str) -> bool:
+        await self.flush(before_statement=True)
+        return bool(await self.conn.fetchval(Q.inbox_has, message_id))
+
     async def next_waiting(self, order_id: str) -> SagaState | None:
         await self.flush(before_statement=True)
         raw = await self.conn.fetchval(Q.waiting_next, order_id)
@@ -205,7 +216,7 @@ class Tx(Writes):
             [s.saga_id for s in sagas], [s.order_id for s in sagas], [s.saga for s in sagas],
             [s.status for s in sagas], [s.model_dump_json() for s in sagas], now, *rest,
             *columns([order_row(o) for o in orders], 4),
-            self.direct, delete,
+            self.direct, delete, *self.take_replies(),
         )  # fmt: skip
         assert row is not None
         self.sent.extend(zip(row["ids"], out, strict=True))
@@ -282,7 +293,14 @@ class Store:
                 done = await guarded.attempt(self.pool, self.cache, work, delete)
                 if done is not None:
                     return done
-            return await self._transaction(work, direct=True, delete=delete)
+            try:
+                return await self._transaction(work, direct=True, delete=delete)
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate != guarded.STALE:
+                    raise
+                # A saga id another order took while this one decided: decided again, the
+                # claim finds it and the start is refused with a reply naming the conflict.
+                return await self._transaction(work, direct=True, delete=delete)
 
         return await self._retrying(once)
 
@@ -310,7 +328,7 @@ class Store:
         retrying = AsyncRetrying(
             retry=retry_if_exception(is_transient),
             wait=wait_exponential(multiplier=0.05, max=2.0),
-            stop=stop_after_delay(self._db_retry_s),
+            stop=stop_after_s(self._db_retry_s),
             reraise=True,
         )
         try:

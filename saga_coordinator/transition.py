@@ -8,18 +8,13 @@ from typing import Any
 
 from saga_coordinator.register import Decision, SagaState, Step, compensation_key, forward_key
 from shared.messages import (
-    AbortSaga,
     ActionRequest,
     AnyCommand,
-    ApproveSaga,
     CommandReply,
     EventType,
     Phase,
-    RejectSaga,
-    ResolveSaga,
-    ResumeSaga,
     SagaEvent,
-    StartSaga,
+    SettleRequest,
 )
 
 
@@ -27,6 +22,9 @@ from shared.messages import (
 class Reply:
     to: str
     message: CommandReply
+    # The message id of the command it answers, as the inbox has it: the answer is kept under
+    # it, for when the command is sent again (``Processor``).
+    remember_as: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +66,7 @@ class Event:
         )
 
 
-Outgoing = ActionRequest | Event | Reply
+Outgoing = ActionRequest | SettleRequest | Event | Reply
 
 
 @dataclass(frozen=True)
@@ -109,6 +107,15 @@ def request(state: SagaState, step: Step, phase: Phase, now: datetime) -> Action
     )
 
 
+def settle_request(state: SagaState, step: Step, now: datetime) -> SettleRequest:
+    return SettleRequest(
+        saga_id=state.saga_id, order_id=state.order_id, timestamp=now, action=step.action,
+        step=step.index, idempotency_key=forward_key(state.saga_id, step.action),
+        attempt=step.settle_sends, fence_expired=step.settle_fence,
+        fence_claims=step.fence_claims,
+    )  # fmt: skip
+
+
 def event(
     state: SagaState,
     kind: EventType,
@@ -123,10 +130,10 @@ def event(
 
 
 def reply(
-    command: StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga,
-    now: datetime,
-    refusal: str | None = None,
+    command: AnyCommand, now: datetime, refusal: str | None = None, *, note: str = ""
 ) -> tuple[Reply, ...]:
+    """The answer to ``command``: accepted (``note`` says more, such as "already started"),
+    or refused with the reason."""
     if command.reply_to is None:
         return ()
     message = CommandReply(
@@ -136,14 +143,14 @@ def reply(
         timestamp=now,
         command_id=command.client_message_id or command.message_id,
         command_type=command.type,
-        reason=refusal or "",
+        reason=refusal or note,
     )
-    return (Reply(command.reply_to, message),)
+    return (Reply(command.reply_to, message, command.message_id),)
 
 
 def refuse(
     state: SagaState | None,
-    command: StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga,
+    command: AnyCommand,
     now: datetime,
     reason: str,
     rule: str = "saga_state",
@@ -159,7 +166,9 @@ def ignored(state: SagaState, note: str) -> Transition:
     return Transition(state, (), note=note, changed=False)
 
 
-def decided(kind: str, note: str, command: AnyCommand, now: datetime) -> Decision:
+def decided(
+    kind: str, note: str, command: AnyCommand, now: datetime, step: int | None = None
+) -> Decision:
     """A decision as the register keeps it: by the broker-verified sender of the command."""
     sender = command.sender
     return Decision(
@@ -168,4 +177,5 @@ def decided(kind: str, note: str, command: AnyCommand, now: datetime) -> Decisio
         at=now,
         by=sender.user if sender else "",
         role=sender.acting_as if sender else "",
+        step=step,
     )

@@ -5,7 +5,7 @@ deadlines, outbox rows, log lines and orders. ``store.Tx`` and ``guarded.Guarded
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -14,7 +14,7 @@ from saga_coordinator.register import SagaState
 from saga_coordinator.rows import OutboxRow
 from saga_coordinator.transition import Event
 from shared import metrics
-from shared.messages import Envelope
+from shared.messages import CommandReply, Envelope
 
 FINISHED = frozenset({"saga.completed", "saga.compensated", "saga.resolved", "saga.needs_human"})
 
@@ -59,15 +59,23 @@ class Writes:
         self._orders: dict[str, OrderView] = {}
         self._now: datetime | None = None
         self._events: list[Event] = []
+        self._replies: dict[str, bytes] = {}
+        self._after: list[Callable[[], None]] = []
 
     def count(self, events: Sequence[Event]) -> None:
         self._events.extend(events)
+
+    def on_commit(self, done: Callable[[], None]) -> None:
+        self._after.append(done)
 
     def counted(self) -> None:
         """The transaction committed: its events count (once, however often it was decided:
         a group decided on the cache and then under locks counts only what committed)."""
         events, self._events = self._events, []
         count_events(events)
+        after, self._after = self._after, []
+        for done in after:
+            done()
 
     def save_saga(self, state: SagaState, *, now: datetime) -> None:
         self._sagas[state.saga_id] = state
@@ -90,9 +98,20 @@ class Writes:
     def outbox(self, rows: Sequence[OutboxRow]) -> None:
         self._outbox.extend(rows)
 
+    def remember_reply(self, message_id: str, reply: CommandReply) -> None:
+        self._replies[message_id] = reply.model_dump_json().encode()
+
     @property
     def pending(self) -> bool:
-        return bool(self._sagas or self._deadlines or self._outbox or self._log or self._orders)
+        return bool(
+            self._sagas or self._deadlines or self._outbox or self._log or self._orders
+            or self._replies
+        )  # fmt: skip
+
+    def take_replies(self) -> list[list[Any]]:
+        """Empty the replies to remember: their message ids and bodies, as two columns."""
+        replies, self._replies = self._replies, {}
+        return [list(replies), list(replies.values())]
 
     def take(self) -> tuple[list[SagaState], list[OutboxRow], list[OrderView], list[list[Any]]]:
         """Empty the buffer: the registers, outbox rows and orders to write, and the columns

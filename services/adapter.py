@@ -1,10 +1,12 @@
 """The adapter of one service: consume its action requests, call its functions, report.
 
-Per request: call the service's function (``services.sdk``) with the request's idempotency key,
-retry ``Transient`` errors with bounded exponential backoff, publish ``done`` or ``failed`` into
-the order's partition, and only then let the delivery be acked. A redelivered request is
-harmless: the system returns the stored outcome and the outcome message has the same id, which
-the coordinator's inbox absorbs.
+Per request: claim its idempotency key in the service's key record, call the service's function
+(``services.sdk``) with the key, retry ``Transient`` errors with bounded exponential backoff
+(each try claimed again: ``services.calls``), store the outcome, publish ``done`` or ``failed``
+into the order's partition, and only then let the delivery be acked. A redelivered request is
+harmless: the claim returns the stored outcome and the outcome message has the same id, which
+the coordinator's inbox absorbs. A settle (``action.settle``) is answered from the key record
+(``services.settling``).
 """
 
 from __future__ import annotations
@@ -13,31 +15,34 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
 
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 from opentelemetry import trace
-from pydantic import TypeAdapter
+from pydantic import Field, TypeAdapter
 from tenacity import (
     AsyncRetrying,
     before_sleep_log,
     retry_if_exception,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_after_delay,
     wait_exponential,
 )
 
-from services.errors import Permanent, Transient
-from services.outcome import Done, Verdict, build_outcome
+from services import settling
+from services.calls import Calls, Outcome
+from services.errors import Transient
+from services.keys import KeyStore, MemoryKeys, PgKeys
+from services.outcome import build_outcome
 from services.registry import load_service
-from services.sdk import Resources, Service, batch_scope
+from services.sdk import Resources, Service
 from shared import logs, metrics, tracing, trust
 from shared.bus import Bus
-from shared.catalog import Catalog
+from shared.catalog import ActionClass, Catalog
 from shared.codec import decode_incoming
 from shared.config import Settings
 from shared.crashpoints import crash_point
@@ -45,14 +50,21 @@ from shared.delivery import Alone, BatchVerdict
 from shared.errors import RetryLater
 from shared.failures import failure_recorder
 from shared.identity import Directory
+from shared.ids import random_id
 from shared.linger import Linger
-from shared.messages import ActionDone, ActionFailed, ActionRequest
+from shared.loop import stop_after_s
+from shared.messages import ActionDone, ActionFailed, ActionRequest, ActionSettled, SettleRequest
 from shared.patience import publish_in_hand
 from shared.sql import TRANSIENT_DB_ERRORS, is_transient
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-_REQUEST: TypeAdapter[ActionRequest] = TypeAdapter(ActionRequest)
+Incoming = ActionRequest | SettleRequest
+Report = ActionDone | ActionFailed | ActionSettled
+_REQUEST: TypeAdapter[Incoming] = TypeAdapter(
+    Annotated[ActionRequest | SettleRequest, Field(discriminator="type")]
+)
 
 
 class Adapter:
@@ -66,9 +78,17 @@ class Adapter:
         *,
         db_retry_s: float = 30.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        keys: KeyStore | None = None,
+        owner: str | None = None,
+        memory: Any = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``bus`` and ``pool`` may be None only for ``perform`` (the test kit); ``sleep``
-        waits between retries (the test kit's does not wait)."""
+        waits between retries (the test kit's does not wait); ``keys``: the key record (by
+        default ``service_keys`` through ``pool``, in memory without one); ``owner``: this
+        process's name on its claims; ``memory``: in-memory stand-ins of the systems' databases
+        (``Resources.memory``: the test kit, the simulation); ``clock``: what a claim's lease
+        is checked against right before a call."""
         self.service = load_service(service) if isinstance(service, str) else service
         self.service.check(catalog)  # a function missing or misnamed: refuse to start
         self.name = self.service.name
@@ -79,6 +99,13 @@ class Adapter:
         self.pool = pool
         self.sleep = sleep
         self.directory = Directory.from_settings(settings)
+        self.keys: KeyStore = keys or (
+            PgKeys(pool, atomic=self.service.atomic) if pool is not None
+            else MemoryKeys(lambda: datetime.now(UTC), atomic=self.service.atomic)
+        )  # fmt: skip
+        self.owner = owner or f"{self.name}@{socket.gethostname()}:{os.getpid()}:{random_id()[:8]}"
+        self.calls = Calls(self.service, self.keys, catalog, self.owner, sleep=sleep, clock=clock)
+        self.memory = memory
         self._resources = contextlib.AsyncExitStack()
         self._deps: Any = None
         self._opened = False
@@ -86,9 +113,23 @@ class Adapter:
     async def open(self) -> None:
         """Run the service's setup (its clients, pools); ``run`` does it, tests may."""
         if not self._opened:
-            resources = Resources(self.settings, self.pool)
+            resources = Resources(self.settings, self.pool, self.keys, memory=self.memory)
             self._deps = await self._resources.enter_async_context(self.service.open(resources))
             self._opened = True
+            for action in self.unsettleable():
+                log.warning(
+                    "%s: %s is irreversible and %s has no status(key) hook: a call cut short "
+                    "(its process killed mid-call) stays in doubt until a person settles it",
+                    self.name, action, self.name,
+                )  # fmt: skip
+
+    def unsettleable(self) -> list[str]:
+        """The irreversible actions of this service whose calls cut short cannot be settled
+        without a person: no status hook, and effects not atomic with the key record."""
+        if self.service.status is not None or self.keys.atomic:
+            return []
+        return [a for a in self.service.actions if (spec := self.catalog.actions.get(a))
+                and spec.action_class is ActionClass.IRREVERSIBLE]  # fmt: skip
 
     async def aclose(self) -> None:
         await self._resources.aclose()
@@ -121,58 +162,78 @@ class Adapter:
             linger=Linger.from_settings(self.settings),
         )
 
-    def _request(self, message: AbstractIncomingMessage) -> ActionRequest:
+    def _request(self, message: AbstractIncomingMessage) -> Incoming:
         req = decode_incoming(message, _REQUEST, self.settings.max_message_bytes)
         trust.request(self.directory, req, message.user_id, self.name)  # Forged: dead letter
         return req
 
     async def handle(
-        self, message: AbstractIncomingMessage, *, tried: int = 0, landed: bool = False
+        self, message: AbstractIncomingMessage, *, retry: bool = False, landed: bool = False
     ) -> None:
-        """One request alone; ``tried``: calls a batch already made for it, which failed
-        transiently (the catalog's attempts count them), ``landed`` whether they may have landed."""
+        """One request (or settle) alone; ``retry``: a batch tried it already, which failed
+        transiently, ``landed`` whether that try may have landed."""
         started = time.monotonic()
         req = self._request(message)
         with trace.use_span(self._span(req, message), end_on_exit=True):
-            outcome = await self.perform(req, tried, landed)
+            if isinstance(req, SettleRequest):
+                report: Report = await self.settle(req)
+            else:
+                async with self.calls.holding([req.idempotency_key]):
+                    report = await self.perform(req, retry=retry, landed=landed)
             crash_point("adapter.before_publish")
-            [error] = await self._publish_outcomes([(req, outcome, None)], [message])
+            [error] = await self._publish_outcomes([(req, report, None)], [message])
             if error is not None:
                 # Not confirmed: requeue the request; its stored outcome is published next time.
                 raise _unconfirmed(req, error) from error
-        _report(req, outcome, started)
+        _report(req, report, started)
+
+    async def settle(self, req: SettleRequest) -> ActionSettled:
+        """Which way the key went, from the key record (held while the database is away)."""
+        await self.open()
+        return await self._holding_db(
+            lambda: settling.answer(req, self.service, self.keys, self._deps), req.action
+        )
 
     async def handle_batch(self, messages: Sequence[AbstractIncomingMessage]) -> list[BatchVerdict]:
-        """The requests that arrived together: one statement for their calls, one confirm round
-        for their outcomes. A request whose call failed transiently is retried alone (with
-        backoff, counting this call); so is every request of a batch whose statement failed,
-        so that one bad request fails alone."""
+        """The requests that arrived together: one claim statement, one call statement, one
+        store statement, one confirm round for their outcomes. A request whose call failed
+        transiently is retried alone (with backoff; its claim counts this try); so is every
+        request of a batch that failed as a whole, a settle, and a key this process is already
+        working on, so that one bad or slow request fails alone."""
         started, began = time.monotonic(), time.time_ns()
         verdicts: list[BatchVerdict] = [None] * len(messages)
         valid: list[tuple[int, ActionRequest]] = []
+        keys: set[str] = set()
         for i, message in enumerate(messages):
             try:
-                valid.append((i, self._request(message)))
+                req = self._request(message)
             except Exception as exc:
                 verdicts[i] = exc
+                continue
+            key = req.idempotency_key
+            if isinstance(req, SettleRequest) or key in keys or self.calls.busy_here(key):
+                verdicts[i] = Alone()
+            else:
+                keys.add(key)
+                valid.append((i, req))
         if not valid:
             return verdicts
         try:
-            called = await self._call_batch([req for _, req in valid])
+            await self.open()
+            async with self.calls.holding(list(keys)):
+                called = await self.calls.batch([req for _, req in valid], self._deps)
         except Exception as exc:
             log.warning("%s: a batch of %d failed (%r): each alone", self.name, len(valid), exc)
             for i, _ in valid:
-                verdicts[i] = Alone()
+                verdicts[i] = Alone()  # their claims count this try
             return verdicts
         reports: list[tuple[int, ActionRequest, ActionDone | ActionFailed]] = []
-        for (i, req), verdict in zip(valid, called, strict=True):
-            if isinstance(verdict, Transient):
-                alone = functools.partial(self.handle, tried=1, landed=verdict.may_have_landed)
-                verdicts[i] = Alone(alone)
-            elif isinstance(verdict, Done | Permanent):
-                reports.append((i, req, build_outcome(req, verdict, 1)))
-            else:  # the function broke, or a bulk call failed for all: each alone
-                verdicts[i] = Alone()
+        for (i, req), result in zip(valid, called, strict=True):
+            if isinstance(result, Outcome):
+                reports.append((i, req, self._outcome(req, result)))
+            else:  # transient, or the function broke: alone, its claim counting this try
+                landed = not isinstance(result, Transient) or result.may_have_landed
+                verdicts[i] = Alone(functools.partial(self.handle, retry=True, landed=landed))
         crash_point("adapter.before_publish")
         spans = [self._span(req, messages[i], began) for i, req, _ in reports]
         pairs = zip(reports, spans, strict=True)
@@ -188,7 +249,7 @@ class Adapter:
 
     async def _publish_outcomes(
         self,
-        outcomes: list[tuple[ActionRequest, ActionDone | ActionFailed, tracing.Span | None]],
+        outcomes: Sequence[tuple[Incoming, Report, tracing.Span | None]],
         deliveries: Sequence[AbstractIncomingMessage],
     ) -> list[BaseException | None]:
         """One confirm round for the outcomes, each carrying its request's span (``None``: the
@@ -198,7 +259,7 @@ class Adapter:
         return await publish_in_hand(self.bus, items, deliveries)
 
     def _span(
-        self, req: ActionRequest, message: AbstractIncomingMessage, began: int | None = None
+        self, req: Incoming, message: AbstractIncomingMessage, began: int | None = None
     ) -> tracing.Span:
         """The span of one request, a child of the coordinator span that sent it."""
         spec = self.catalog.actions.get(req.action)
@@ -207,100 +268,59 @@ class Adapter:
             kind=tracing.SpanKind.CONSUMER, start_time=began,
             attributes=lambda: tracing.attributes(
                 req.saga_id, req.order_id, action=req.action, attempt=req.attempt,
-                kind=spec.action_class.value if spec else "compensation",
+                kind=("settle" if isinstance(req, SettleRequest)
+                      else spec.action_class.value if spec else "compensation"),
             ),
         )  # fmt: skip
 
-    async def _call_batch(self, reqs: list[ActionRequest]) -> list[Verdict | Exception]:
-        """Every request's function at once, in one batch scope: what they submit to a
-        ``Coalescer`` together (the simulated systems' statement) goes out as one call. A lone
-        request calls in this task, as outside a batch: no task for it, for the timeout or for
-        the bulk call, each a turn of the loop on the way to the system and back."""
-        await self.open()
-        timeout = min(req.timeout_s for req in reqs)
-        if len(reqs) == 1:
-            async with asyncio.timeout(timeout):
-                return [await self._try_in_batch(reqs[0])]
-        async with batch_scope(), asyncio.timeout(timeout):
-            return await asyncio.gather(*(self._try_in_batch(req) for req in reqs))
-
-    async def _try_in_batch(self, req: ActionRequest) -> Verdict | Exception:
-        try:
-            return Done(await self.service.call(req, self._deps))
-        except Exception as exc:  # Transient, Permanent, or a broken function (then alone)
-            return exc
-
     async def perform(
-        self, req: ActionRequest, tried: int = 0, landed: bool = False
+        self, req: ActionRequest, *, retry: bool = False, landed: bool = False
     ) -> ActionDone | ActionFailed:
-        """Call the system (with retries) and build the outcome to report; no broker I/O.
+        """Claim and call (with retries) and build the outcome to report; no broker I/O."""
+        await self.open()
+        outcome = await self._holding_db(
+            lambda: self.calls.alone(req, self._deps, retry=retry, landed=landed), req.action
+        )
+        return self._outcome(req, outcome)
 
-        While the database is away the message is held and the call retried for ``db_retry_s``:
-        an immediate requeue would burn the delivery count in milliseconds and dead-letter a
-        perfectly good request during a database restart."""
+    def _outcome(self, req: ActionRequest, outcome: Outcome) -> ActionDone | ActionFailed:
+        return build_outcome(req, outcome.verdict, outcome.attempt, outcome.forward)
+
+    async def _holding_db(self, work: Callable[[], Awaitable[T]], action: str) -> T:
+        """While the database is away the message is held and ``work`` retried for
+        ``db_retry_s``: an immediate requeue would burn the delivery count in milliseconds and
+        dead-letter a perfectly good request during a database restart."""
         holding = AsyncRetrying(
             retry=retry_if_exception(is_transient),
             wait=wait_exponential(multiplier=0.05, max=2.0),
-            stop=stop_after_delay(self.db_retry_s),
+            stop=stop_after_s(self.db_retry_s),
             before_sleep=before_sleep_log(log, logging.WARNING),
             reraise=True,
         )
-        await self.open()
         try:
             async for attempt in holding:
                 with attempt:
-                    verdict, tries = await self._call_with_retries(req, tried, landed)
+                    return await work()
         except TRANSIENT_DB_ERRORS as exc:
             if not is_transient(exc):
                 raise
-            raise RetryLater(f"database unreachable during {req.action}: {exc!r}") from exc
-        return build_outcome(req, verdict, tries)
-
-    async def _call_with_retries(
-        self, req: ActionRequest, tried: int, landed: bool
-    ) -> tuple[Verdict, int]:
-        policy = self.catalog.retry_policy(req.action)
-        tries = tried
-        if tried:  # the backoff the first retry would have waited
-            await self.sleep(min(policy.initial_backoff_s * 2 ** (tried - 1), policy.max_backoff_s))
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(max(policy.attempts - tried, 1)),
-            wait=wait_exponential(multiplier=policy.initial_backoff_s, max=policy.max_backoff_s),
-            retry=retry_if_exception_type(Transient),
-            sleep=self.sleep,
-            reraise=True,
-        )
-        try:
-            async for attempt in retrying:
-                with attempt:
-                    tries += 1
-                    try:
-                        result = await self._call_once(req, tries)
-                    except Transient as exc:
-                        landed = landed or exc.may_have_landed
-                        raise
-        except Transient as exc:
-            # Any try that may have landed leaves the effect in doubt, not only the last.
-            return Transient(str(exc), may_have_landed=landed), tries
-        except Permanent as exc:
-            return exc, tries
-        return Done(result), tries
-
-    async def _call_once(self, req: ActionRequest, attempt: int) -> dict[str, Any]:
-        try:
-            call = self.service.call(req, self._deps, attempt=attempt)
-            return await asyncio.wait_for(call, req.timeout_s)
-        except TimeoutError:
-            # The call may still land (a slow commit): that is what effect_unknown reports.
-            raise Transient(f"{req.action} gave no answer within {req.timeout_s:g}s") from None
+            raise RetryLater(f"database unreachable during {action}: {exc!r}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _unconfirmed(req: ActionRequest, exc: BaseException) -> RetryLater:
+def _unconfirmed(req: Incoming, exc: BaseException) -> RetryLater:
     return RetryLater(f"outcome of {req.idempotency_key} not confirmed: {exc!r}")
 
 
-def _report(req: ActionRequest, outcome: ActionDone | ActionFailed, started: float) -> None:
+def _report(req: Incoming, outcome: Report, started: float) -> None:
     """The outcome, once confirmed: a log line and the metrics."""
+    if isinstance(req, SettleRequest) or isinstance(outcome, ActionSettled):
+        log.info("%s saga=%s key=%s settle %d -> %s %s", req.action, req.saga_id,
+                 req.idempotency_key, req.attempt, getattr(outcome, "verdict", "?"),
+                 getattr(outcome, "reason", ""),
+                 extra=logs.context(saga_id=req.saga_id, order_id=req.order_id,
+                                    action=req.action, message_id=req.message_id))  # fmt: skip
+        return
     kind = "done" if isinstance(outcome, ActionDone) else "failed"
     metrics.STEP_SECONDS.labels(req.action, req.phase, kind).observe(time.monotonic() - started)
     if req.phase == "compensation":

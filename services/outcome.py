@@ -12,7 +12,7 @@ from services.errors import Permanent, Transient
 from shared.codec import check_shape
 from shared.errors import InvalidMessage
 from shared.ids import name_id
-from shared.messages import ActionDone, ActionFailed, ActionRequest
+from shared.messages import ActionDone, ActionFailed, ActionRequest, SettleVerdict
 from shared.text import clean
 
 # Fixed forever: changing it changes every outcome id, so in-flight duplicates would stop being
@@ -60,7 +60,11 @@ def unfit_result(result: dict[str, object]) -> str | None:
     return None
 
 
-def build_outcome(req: ActionRequest, verdict: Verdict, tries: int) -> ActionDone | ActionFailed:
+def build_outcome(
+    req: ActionRequest, verdict: Verdict, tries: int, forward: SettleVerdict | None = None
+) -> ActionDone | ActionFailed:
+    """``tries``: the attempt the key record counted for this send; ``forward``: for a
+    compensation, what its forward key held when it ran."""
     if isinstance(verdict, Done):
         unfit = unfit_result(dict(verdict.result))
         if unfit is not None:
@@ -70,7 +74,7 @@ def build_outcome(req: ActionRequest, verdict: Verdict, tries: int) -> ActionDon
                 saga_id=req.saga_id, order_id=req.order_id, action=req.action,
                 phase=req.phase, step=req.step, idempotency_key=req.idempotency_key,
                 attempt=req.attempt, tries=max(tries, 1), reason=clean(reason, MAX_REASON),
-                effect_unknown=True,
+                effect_unknown=True, forward=forward,
             )  # fmt: skip
         return ActionDone(
             message_id=outcome_message_id(req.idempotency_key, "done", req.attempt),
@@ -83,6 +87,7 @@ def build_outcome(req: ActionRequest, verdict: Verdict, tries: int) -> ActionDon
             attempt=req.attempt,
             tries=max(tries, 1),
             result=verdict.result,
+            forward=forward,
         )
     return ActionFailed(
         message_id=outcome_message_id(req.idempotency_key, "failed", req.attempt),
@@ -96,4 +101,5 @@ def build_outcome(req: ActionRequest, verdict: Verdict, tries: int) -> ActionDon
         tries=max(tries, 1),
         reason=reason_of(verdict, tries),
         effect_unknown=effect_unknown(verdict),
+        forward=forward,
     )

@@ -6,7 +6,7 @@
 
 -- name: claim_key
 -- Holds a key as a concurrent call would (tests hold one open to see the adapter wait).
-INSERT INTO sim_idempotency (key, system, action, order_id, outcome)
+INSERT INTO service_keys (key, system, action, order_id, outcome)
 VALUES ($1, $2, $3, $4, 'pending')
 ON CONFLICT (key) DO NOTHING
 RETURNING key;

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import time
 import types
 import typing
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -41,7 +40,8 @@ from shared.messages import ActionRequest, Phase
 from shared.text import clean
 
 __all__ = [
-    "Call", "Coalescer", "Permanent", "Resources", "Service", "Transient", "Undo", "batch_scope",
+    "Call", "Coalescer", "KeyQuery", "KeyStatus", "Permanent", "Resources", "Service",
+    "Transient", "Undo", "batch_scope",
 ]  # fmt: skip
 
 P = TypeVar("P")
@@ -55,10 +55,40 @@ Setup = Callable[["Resources"], contextlib.AbstractAsyncContextManager[D]]
 
 @dataclass(frozen=True)
 class Resources:
-    """What a service's ``setup`` receives: the settings and the saga database's pool."""
+    """What a service's ``setup`` receives: the settings, the saga database's pool, and the
+    service's key record (``services.keys``: a system that keeps its effects in the same
+    database may write them in the same transaction as the key's row, as the simulated
+    systems do)."""
 
     settings: Settings
     pool: asyncpg.Pool | None = None
+    keys: Any = None  # services.keys.KeyStore (kept untyped here: keys imports this module)
+    # In-memory stand-ins for the systems' databases, for the test kit and the simulation
+    # (services.simulated_memory.MemorySystems for the built-in systems).
+    memory: Any = None
+
+
+@dataclass(frozen=True)
+class KeyQuery:
+    """What a service's ``status`` hook is asked about: one idempotency key of one action."""
+
+    key: str
+    action: str
+    order_id: str
+
+
+@dataclass(frozen=True)
+class KeyStatus:
+    """A system's own answer about a key (a ``status`` hook's): ``done`` (with the action's
+    result), ``failed`` or ``fenced`` (it did not happen and never will: the system refuses the
+    key from now on), or ``unknown``."""
+
+    state: Literal["done", "failed", "fenced", "unknown"]
+    result: dict[str, JsonValue] | None = None
+    reason: str = ""
+
+
+StatusHook = Callable[[KeyQuery, Any], Awaitable[KeyStatus]]
 
 
 @dataclass(frozen=True)
@@ -71,15 +101,17 @@ class Call(Generic[P, D]):
     saga_id: str
     order_id: str
     phase: Phase
-    attempt: int  # this try for this request, from 1 (retries of Transient errors count)
+    # This try of this send, from 1, as the key record counts it: retries of Transient errors,
+    # batch re-runs and tries cut short by a crash all count; the catalog's attempts bound it.
+    attempt: int
     send: int  # how many times the coordinator has sent the request (a re-send keeps the key)
-    deadline: float  # time.monotonic() by which the call is abandoned as timed out
+    deadline: float  # the loop's time (monotonic) by which the call is abandoned as timed out
     deps: D  # what the service's setup yielded: a client, a pool
 
     @property
     def remaining_s(self) -> float:
         """Seconds left before the deadline, for the timeout of the system's own client."""
-        return max(0.0, self.deadline - time.monotonic())
+        return max(0.0, self.deadline - asyncio.get_running_loop().time())
 
 
 class Undo(BaseModel):
@@ -124,11 +156,22 @@ class _Handler(Generic[D]):
 
 class Service(Generic[D]):
     """The actions one service serves. ``setup`` opens what its functions need (a client, a
-    pool) for as long as the adapter runs; functions find it as ``call.deps``."""
+    pool) for as long as the adapter runs; functions find it as ``call.deps``.
 
-    def __init__(self, name: str, *, setup: Setup[D] | None = None) -> None:
+    ``status``: how the system itself tells whether a key's call happened (``KeyStatus``),
+    asked when a settle finds a claim unfinished (its process died mid-call, say); without it
+    such a step stays in doubt until a person settles it. ``atomic``: the system writes its
+    effect in the same transaction as the key's row (``Resources.keys``), so an unfinished
+    claim landed nothing."""
+
+    def __init__(
+        self, name: str, *, setup: Setup[D] | None = None, status: StatusHook | None = None,
+        atomic: bool = False,
+    ) -> None:  # fmt: skip
         self.name = name
         self._setup = setup
+        self.status = status
+        self.atomic = atomic
         self._handlers: dict[str, _Handler[D]] = {}
 
     def action(
@@ -185,7 +228,8 @@ class Service(Generic[D]):
         call = Call(
             action=req.action, params=handler.parse(req), key=req.idempotency_key,
             saga_id=req.saga_id, order_id=req.order_id, phase=req.phase, attempt=attempt,
-            send=req.attempt, deadline=time.monotonic() + req.timeout_s, deps=deps,
+            send=req.attempt, deadline=asyncio.get_running_loop().time() + req.timeout_s,
+            deps=deps,
         )  # fmt: skip
         return _result_of(req.action, await handler.fn(call))
 
@@ -269,7 +313,8 @@ class _Batch:
     pending: dict[int, tuple[Coalescer[Any, Any], list[tuple[Any, asyncio.Future[Any]]]]] = field(
         default_factory=dict
     )
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    # Insertion-ordered, not a set of tasks hashed by address: cancelled in the order made.
+    tasks: dict[asyncio.Task[None], None] = field(default_factory=dict)
 
     def submit(self, coalescer: Coalescer[T, R], item: T) -> asyncio.Future[R]:
         loop = asyncio.get_running_loop()
@@ -283,8 +328,8 @@ class _Batch:
     def _flush(self, ident: int) -> None:
         coalescer, queue = self.pending.pop(ident)
         task = asyncio.ensure_future(coalescer.settle(queue))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks[task] = None
+        task.add_done_callback(lambda done: self.tasks.pop(done, None))
 
 
 _SCOPE: ContextVar[_Batch | None] = ContextVar("saga_batch", default=None)

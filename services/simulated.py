@@ -17,13 +17,13 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
-from uuid import uuid4
 
 import asyncpg
 
 from services.errors import Permanent, Transient
 from services.sdk import Call, Coalescer, Resources, Result, Service
 from services.store import Conn, Q, from_json, to_json
+from shared.ids import random_id
 
 Connect = Callable[[], contextlib.AbstractAsyncContextManager[Conn]]
 
@@ -119,16 +119,27 @@ def _verdict(row: asyncpg.Record) -> Result | Exception:
 
 
 def simulated_service(system: str) -> Service[Simulated]:
-    """A built-in service whose functions reach their simulated system as ``call.deps``."""
+    """A built-in service whose functions reach their simulated system as ``call.deps``. Its
+    effects commit in the same transaction as the key's row (``sim_call``): ``atomic``."""
 
     @contextlib.asynccontextmanager
     async def setup(resources: Resources) -> AsyncIterator[Simulated]:
         if resources.pool is None:
-            raise RuntimeError(f"the simulated {system} needs the saga database's pool")
+            # Imported here: the in-memory twin imports this module.
+            from services.simulated_memory import MemorySimulated, MemorySystems
+
+            if not isinstance(resources.memory, MemorySystems):
+                raise RuntimeError(
+                    f"the simulated {system} needs the saga database's pool (or a MemorySystems "
+                    "as Resources.memory)"
+                )
+            # The adapter's key record is the twin's too: one row per key, as in Postgres.
+            yield MemorySimulated(system, resources.memory, resources.keys)
+            return
         yield Simulated(system, resources.pool.acquire)
 
-    return Service(system, setup=setup)
+    return Service(system, setup=setup, atomic=True)
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid4().hex}"
+    return f"{prefix}-{random_id().replace('-', '')}"

@@ -34,9 +34,10 @@ async def publish(
     if not publishes:
         return []
     futures, first = await _queue(channel, publishes)
-    done, waiting = await asyncio.wait(futures, timeout=confirm_within_s)
-    for future in waiting:
-        future.cancel()  # its confirm, if it comes, is ignored (as aiormq does on a timeout)
+    done, _ = await asyncio.wait(futures, timeout=confirm_within_s)
+    for future in futures:  # in order, not the waiting set's (by address)
+        if future not in done:
+            future.cancel()  # its confirm, if it comes, is ignored (as aiormq does on a timeout)
     _forget(channel, publishes, first)
     return [_outcome(future, done) for future in futures]
 

@@ -15,6 +15,7 @@ from shared.messages import (
     ActionDone,
     ActionFailed,
     ActionRequest,
+    ActionSettled,
     Alert,
     ApproveSaga,
     CommandReply,
@@ -26,6 +27,8 @@ from shared.messages import (
     ResolveSaga,
     ResumeSaga,
     SagaEvent,
+    SettleRequest,
+    SettleSaga,
     StartSaga,
 )
 from shared.topology import SERVICES, Topology
@@ -37,14 +40,17 @@ COMMANDS: dict[str, type[BaseModel]] = {
     "saga.resolve": ResolveSaga,
     "saga.approve": ApproveSaga,
     "saga.reject": RejectSaga,
+    "saga.settle": SettleSaga,
     "saga.status": QuerySaga,
     "dlq.replay": ReplayDeadLetters,
     "dlq.discard": DiscardDeadLetter,
 }
 ADAPTER: dict[str, type[BaseModel]] = {
     "action.request": ActionRequest,
+    "action.settle": SettleRequest,
     "action.done": ActionDone,
     "action.failed": ActionFailed,
+    "action.settled": ActionSettled,
 }
 OUT: dict[str, type[BaseModel]] = {
     "command.reply": CommandReply,
@@ -58,7 +64,9 @@ MESSAGES: dict[str, type[BaseModel]] = {**COMMANDS, **ADAPTER, **OUT}
 def _schema(name: str, model: type[BaseModel]) -> dict[str, Any]:
     # What others send us is described as we validate it; what we send, as we serialize it.
     mode: Literal["validation", "serialization"] = (
-        "serialization" if name in OUT or name == "action.request" else "validation"
+        "serialization"
+        if name in OUT or name in ("action.request", "action.settle")
+        else "validation"
     )
     return model.model_json_schema(mode=mode)
 
@@ -171,8 +179,19 @@ def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
             },
             **{
                 f"{t.actions_exchange}/{service}": {
-                    "description": f"Action requests for the {service} adapter (direct exchange).",
-                    "subscribe": {"message": _message("action.request", "Perform one action")},
+                    "description": f"Action requests and settles for the {service} adapter "
+                    "(direct exchange).",
+                    "subscribe": {
+                        "message": {
+                            "oneOf": [
+                                _message("action.request", "Perform one action"),
+                                _message(
+                                    "action.settle",
+                                    "Say which way a key went; fence it if nobody claimed it",
+                                ),
+                            ]
+                        }
+                    },
                 }
                 for service in SERVICES
             },
@@ -188,6 +207,7 @@ def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
                         "oneOf": [
                             _message("action.done", "The action succeeded"),
                             _message("action.failed", "The action failed"),
+                            _message("action.settled", "Which way a key went"),
                         ]
                     }
                 },

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
+from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from shared.codec import identify_incoming
 from shared.delivery import FailureHook, Outcome
 from shared.errors import InvalidMessage, RetryLater
-from shared.sql import Queries
+from shared.loop import stop_after_s
+from shared.sql import Queries, is_transient
 from shared.text import clean
 
 Q = Queries(Path(__file__).with_name("sql") / "failures.sql")
@@ -24,15 +26,18 @@ BlockKey = Callable[[AbstractIncomingMessage], Awaitable[str | None]]
 
 
 def failure_recorder(
-    pool: asyncpg.Pool, queue: str, *, block_order: bool, key: BlockKey | None = None
-) -> FailureHook:
+    pool: asyncpg.Pool, queue: str, *, block_order: bool, key: BlockKey | None = None,
+    hold_s: float = 600.0,
+) -> FailureHook:  # fmt: skip
     """Each failed attempt is stored with its error, so the dead letter can say why. Consumers
     of an order's convoy (partitions) also block the order at the first failure of a message that
     will be retried: with a prefetch above one, later messages of the order are already in hand
     and would otherwise be handled before the failed one comes back. A message refused at once
     (invalid, forged) blocks nothing: only a valid message a handler failed on may hold its
-    order. One attempt only: when the database is down the message is retried anyway, and the
-    hook must not hold the delivery."""
+    order. A block is never skipped because the database is away (requeued without it, the
+    message would be overtaken by the next of its order, as the simulation found when a bug and
+    an outage met): its write is retried, holding the delivery, for up to ``hold_s``. A failure
+    that blocks nothing is recorded in one attempt: the message is retried anyway."""
 
     async def on_failure(
         message: AbstractIncomingMessage, error: BaseException, outcome: Outcome
@@ -42,13 +47,28 @@ def failure_recorder(
         blocks = block_order and outcome is Outcome.RETRY and ident.order_id is not None
         # Found before a connection is held: finding it may read the store itself.
         held_by = (await key(message) if key and blocks else None) or ident.message_id
-        async with pool.acquire() as conn, conn.transaction():
-            detail = (
-                text if isinstance(error, InvalidMessage | RetryLater) else _with_trace(text, error)
-            )
-            await conn.execute(Q.failure_upsert, ident.message_id, ident.order_id, queue, detail)
-            if blocks:
-                await conn.execute(Q.block_upsert, ident.order_id, held_by, "retrying", text)
+        detail = (
+            text if isinstance(error, InvalidMessage | RetryLater) else _with_trace(text, error)
+        )
+
+        async def record() -> None:
+            async with pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    Q.failure_upsert, ident.message_id, ident.order_id, queue, detail
+                )
+                if blocks:
+                    await conn.execute(Q.block_upsert, ident.order_id, held_by, "retrying", text)
+
+        if not blocks:
+            await record()
+            return
+        holding = AsyncRetrying(
+            retry=retry_if_exception(is_transient), wait=wait_exponential(multiplier=0.05, max=2),
+            stop=stop_after_s(hold_s), reraise=True,
+        )  # fmt: skip
+        async for attempt in holding:
+            with attempt:
+                await record()
 
     return on_failure
 

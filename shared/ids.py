@@ -4,9 +4,14 @@ Every command and message takes one or two of these on the hot path."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import uuid
+from collections.abc import Callable, Iterator
+
+# Where random ids come from: the OS, but for a deterministic simulation (``seeded``).
+_entropy: Callable[[int], bytes] = os.urandom
 
 
 def _text(raw: bytes, version: int) -> str:
@@ -24,4 +29,16 @@ def name_id(namespace: uuid.UUID, name: str) -> str:
 
 def random_id() -> str:
     """``str(uuid.uuid4())``."""
-    return _text(os.urandom(16), 4)
+    return _text(_entropy(16), 4)
+
+
+@contextlib.contextmanager
+def seeded(entropy: Callable[[int], bytes]) -> Iterator[None]:
+    """Random ids from ``entropy`` (a seeded ``random.Random().randbytes``) while open: the
+    deterministic simulation replays a run bit for bit."""
+    global _entropy
+    before, _entropy = _entropy, entropy
+    try:
+        yield
+    finally:
+        _entropy = before

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -35,3 +35,12 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
         return asyncio.run(coro)
     return uvloop.run(coro)
+
+
+def stop_after_s(seconds: float) -> Callable[[object], bool]:
+    """tenacity's ``stop_after_delay`` on the running loop's clock (made where the retries
+    start): the same monotonic time in a process, the virtual clock in the simulation, where
+    how long a hold lasts must not depend on how busy the machine is."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    return lambda _state: loop.time() - began >= seconds

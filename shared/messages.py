@@ -7,7 +7,10 @@ AMQP messages and back.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from functools import partial
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, model_validator
@@ -37,8 +40,24 @@ Note = Annotated[str, StringConstraints(strip_whitespace=True, max_length=2000)]
 DeathReason = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_-]*$")]
 
 
+# What stamps a message built without a timestamp: the wall clock, but for the deterministic
+# simulation (``stamped_by``), whose clock is virtual.
+_clock: Callable[[], datetime] = partial(datetime.now, UTC)
+
+
 def _now() -> datetime:
-    return datetime.now(UTC)
+    return _clock()
+
+
+@contextlib.contextmanager
+def stamped_by(clock: Callable[[], datetime]) -> Iterator[None]:
+    """Messages built while open take their timestamps from ``clock``."""
+    global _clock
+    before, _clock = _clock, clock
+    try:
+        yield
+    finally:
+        _clock = before
 
 
 class Envelope(BaseModel):
@@ -147,11 +166,28 @@ class ResolveSaga(_Command):
 class ApproveSaga(_Command):
     type: Literal["saga.approve"] = "saga.approve"
     note: Note = ""
+    # The gate decided on (its step), as read from the register: a decision sent again after
+    # the saga moved on to its next gate is then a repeat, never a decision on that gate.
+    step: int | None = Field(default=None, ge=0, le=999)
 
 
 class RejectSaga(_Command):
     type: Literal["saga.reject"] = "saga.reject"
     reason: Reason
+    step: int | None = Field(default=None, ge=0, le=999)
+
+
+class SettleSaga(_Command):
+    """A person settles a step in doubt (its outcome unknown): it happened, or it did not.
+    "Did not happen" takes effect only once the step's service has fenced its key (the service
+    refuses while a claim on it is live); ``version`` is the register version the person
+    decided on, so an answer that got there first wins and the person is told."""
+
+    type: Literal["saga.settle"] = "saga.settle"
+    step: int = Field(ge=0, le=999)
+    happened: bool
+    note: Reason
+    version: int | None = Field(default=None, ge=0, le=2**62)
 
 
 class QuerySaga(_Command):
@@ -160,7 +196,9 @@ class QuerySaga(_Command):
     type: Literal["saga.status"] = "saga.status"
 
 
-AnyCommand = StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga
+AnyCommand = (
+    StartSaga | AbortSaga | ResumeSaga | ResolveSaga | ApproveSaga | RejectSaga | SettleSaga
+)
 
 
 # --- the operators' desk: dead letters, handled by the intake at once (not per order) ----------
@@ -225,6 +263,13 @@ class ActionRequest(Envelope):
     timeout_s: float = Field(gt=0, le=3600)
 
 
+# What a service's key record says of a key, in answer to a settle: ``done`` / ``failed`` its
+# stored outcome; ``fenced`` never claimed (or abandoned where that is safe), and now refused to
+# every later call; ``running`` claimed by a live call; ``in_doubt`` claimed, unfinished, and
+# the service cannot tell (no status hook, or it does not know).
+SettleVerdict = Literal["done", "failed", "fenced", "running", "in_doubt"]
+
+
 class _ActionOutcome(Envelope):
     action: ActionName
     phase: Phase
@@ -232,6 +277,10 @@ class _ActionOutcome(Envelope):
     idempotency_key: IdempotencyKey
     attempt: Count = 1  # echoes the request's attempt
     tries: Count = 1  # calls the adapter made (retries of transient errors)
+    # A compensation's: what the service's key record said of the forward key when the
+    # compensation ran (it fences a key never claimed), so the register knows which way a
+    # forward call in doubt went. None: the service did not say.
+    forward: SettleVerdict | None = None
 
 
 class ActionDone(_ActionOutcome):
@@ -250,13 +299,46 @@ class ActionFailed(_ActionOutcome):
 ActionOutcome = Annotated[ActionDone | ActionFailed, Field(discriminator="type")]
 
 
+class SettleRequest(Envelope):
+    """The coordinator asks the service that owns ``action`` which way ``idempotency_key``
+    went, with the same atomic insert-if-absent its calls claim keys with: a key never claimed
+    is fenced for ever. Goes to the service's action queue, like a request."""
+
+    type: Literal["action.settle"] = "action.settle"
+    action: ActionName
+    step: int = Field(ge=0, le=999)
+    idempotency_key: IdempotencyKey
+    attempt: Count = 1  # this settle's send number
+    # A person said it did not happen: a claim whose lease has expired may be fenced too, if
+    # no call has claimed the key since ``fence_claims`` claims (those the person knew of).
+    fence_expired: bool = False
+    fence_claims: int = Field(default=0, ge=0, le=1_000_000)
+
+
+class ActionSettled(Envelope):
+    """A service's answer to a settle, into the order's partition like an outcome."""
+
+    type: Literal["action.settled"] = "action.settled"
+    action: ActionName
+    step: int = Field(ge=0, le=999)
+    idempotency_key: IdempotencyKey
+    attempt: Count = 1  # echoes the settle's
+    verdict: SettleVerdict
+    result: dict[str, JsonValue] | None = None  # done: the stored result
+    reason: str = Field(default="", max_length=4000)
+    # failed: whether the stored failure may have landed anyway.
+    effect_unknown: bool = False
+    lease_s: float | None = Field(default=None, ge=0, le=86_400)  # running: the claim's rest
+    claims: int | None = Field(default=None, ge=0, le=1_000_000)  # calls that claimed the key
+
+
 class DeadlineReached(Envelope):
     """The coordinator's own timer: no outcome came for this send of a request in time. It goes
     through the order's partition like everything else, so it is handled in order."""
 
     type: Literal["saga.deadline"] = "saga.deadline"
     step: int = Field(ge=0, le=999)
-    phase: Literal["forward", "compensation", "gate"]
+    phase: Literal["forward", "compensation", "gate", "settle"]
     idempotency_key: IdempotencyKey
     attempt: Count
 
@@ -268,8 +350,10 @@ PartitionMessage = Annotated[
     | ResolveSaga
     | ApproveSaga
     | RejectSaga
+    | SettleSaga
     | ActionDone
     | ActionFailed
+    | ActionSettled
     | DeadlineReached,
     Field(discriminator="type"),
 ]
@@ -332,6 +416,8 @@ EventType = Literal[
     "step.resent",
     "saga.awaiting_approval",
     "saga.approved",
+    "step.in_doubt",
+    "step.settled",
 ]
 EVENT_TYPES: tuple[str, ...] = get_args(EventType)
 

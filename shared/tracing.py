@@ -68,13 +68,14 @@ def start(
 
 def current(
     name: str, *, kind: SpanKind, context: Context | None = None,
-    attributes: Callable[[], Attributes] | None = None,
+    attributes: Callable[[], Attributes] | None = None, end_on_exit: bool = True,
 ) -> AbstractContextManager[Span]:  # fmt: skip
-    """A span made current for the ``with`` block and ended after it."""
+    """A span made current for the ``with`` block and ended after it (``end_on_exit``; else
+    the caller ends it, or drops it unended and so unexported)."""
     if not recording():
         return _Current(trace.get_current_span(context))
     return TRACER.start_as_current_span(
-        name, context=context, kind=kind,
+        name, context=context, kind=kind, end_on_exit=end_on_exit,
         attributes=attributes() if attributes is not None else None,
     )  # fmt: skip
 

@@ -20,9 +20,11 @@ from shared.messages import (
     ActionDone,
     ActionFailed,
     ActionRequest,
+    ActionSettled,
     PartitionMessage,
     Role,
     Sender,
+    SettleRequest,
 )
 from shared.text import header_text
 
@@ -79,7 +81,7 @@ def partition_message(directory: Directory, message: PartitionMessage, user: str
     intake forwarded, deadlines the timer fired) only from the coordinator."""
     if user is None:
         raise Forged(f"{message.type} without user_id")
-    if isinstance(message, ActionDone | ActionFailed):
+    if isinstance(message, ActionDone | ActionFailed | ActionSettled):
         if not directory.owns(user, message.action):
             raise Forged(f"{message.type} for {message.action} sent by {user!r}, not its service")
         return
@@ -90,8 +92,10 @@ def partition_message(directory: Directory, message: PartitionMessage, user: str
                              "through the intake")  # fmt: skip
 
 
-def request(directory: Directory, message: ActionRequest, user: str | None, service: str) -> None:
+def request(
+    directory: Directory, message: ActionRequest | SettleRequest, user: str | None, service: str
+) -> None:
     if not directory.is_coordinator(user):
-        raise Forged(f"action.request sent by {user!r}; only the coordinator sends requests")
+        raise Forged(f"{message.type} sent by {user!r}; only the coordinator sends requests")
     if service_of(message.action) != service:
         raise InvalidMessage(f"{message.action} is not an action of {service}")

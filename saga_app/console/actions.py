@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from saga_coordinator.register import SagaState
 from shared.client import CommandRejected, DeskRefused, SagaClient
 from shared.codec import describe
 from shared.messages import DeskReply
@@ -19,7 +20,11 @@ DECISIONS: dict[str, tuple[str, bool, bool]] = {
     "reject": ("reason", False, True),
     "abort": ("reason", False, True),
     "resolve": ("note", False, True),
+    # A step in doubt, settled by a person (who checked the system itself).
+    "happened": ("note", False, True),
+    "did_not_happen": ("note", False, True),
 }
+SETTLES = ("happened", "did_not_happen")
 _MAX_TEXT = 2000
 
 
@@ -43,14 +48,28 @@ def checked_text(decision: str, text: str) -> str:
 
 
 async def decide(
-    client: SagaClient, person: str, decision: str, saga_id: str, order_id: str, text: str
+    client: SagaClient, person: str, decision: str, state: SagaState, text: str
 ) -> Done:
+    """``state``: the register as the person saw it (a gate's or a doubtful step's index and
+    the version the decision is made on go with the command)."""
     if decision not in DECISIONS:
         raise ActionRefused(f"no such decision: {decision[:40]!r}")
     field = DECISIONS[decision][0]
-    send = getattr(client.on_behalf_of(person), decision)
+    saga_id, order_id = state.saga_id, state.order_id
+    words = {field: checked_text(decision, text)}
+    you = client.on_behalf_of(person)
     try:
-        await send(saga_id, order_id=order_id, **{field: checked_text(decision, text)})
+        if decision in SETTLES:
+            step = next((s.index for s in state.steps if s.status == "in_doubt"), None)
+            if step is None:
+                raise ActionRefused(f"saga {saga_id} has no step in doubt")
+            reply = await you.settle(saga_id, order_id=order_id, step=step,
+                                     happened=decision == "happened", version=state.version,
+                                     note=words["note"])  # fmt: skip
+            return Done(f"settled: {reply.reason}")
+        gate = next((s.index for s in state.steps if s.gate_status == "waiting"), None)
+        extra = {"step": gate} if decision in ("approve", "reject") else {}
+        await getattr(you, decision)(saga_id, order_id=order_id, **words, **extra)
     except CommandRejected as exc:
         raise ActionRefused(f"refused: {exc.reason}") from None
     except TimeoutError:

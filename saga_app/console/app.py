@@ -48,6 +48,8 @@ class Console:
     accounts: Accounts
     hub: Hub
     client: SagaClient | None
+    # The deployment's people (SAGA_PEOPLE): only they are offered to settle a step in doubt.
+    people: frozenset[str] = frozenset()
     # A few sign-in attempts a minute per name and per address: scrypt makes each one slow,
     # this makes guessing slower still.
     sign_ins: TokenBuckets = field(default_factory=lambda: TokenBuckets(5 / 60, 10))

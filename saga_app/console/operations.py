@@ -90,8 +90,8 @@ def _client(console: Console) -> Any:
 async def decide(console: Console, request: Request, account: Account, form: Any) -> Response:
     saga_id, decision = request.path_params["saga_id"], request.path_params["decision"]
     back = f"/sagas/{saga_id}"
-    order_id = await console.reads.store.order_of(saga_id) if well_formed(saga_id) else None
-    if order_id is None or decision not in actions.DECISIONS:
+    state = await console.reads.store.get(saga_id) if well_formed(saga_id) else None
+    if state is None or decision not in actions.DECISIONS:
         flash(request, f"no saga {saga_id[:128]} or no such decision", "error")
         return RedirectResponse("/sagas", status_code=303)
     text = str(form.get("text", ""))
@@ -105,9 +105,7 @@ async def decide(console: Console, request: Request, account: Account, form: Any
                 f"{decision.capitalize()} saga {saga_id}?",
                 _consequence(decision),
             )
-        done = await actions.decide(
-            _client(console), account.name, decision, saga_id, order_id, text
-        )
+        done = await actions.decide(_client(console), account.name, decision, state, text)
         flash(request, done.message)
     except actions.ActionRefused as exc:
         flash(request, str(exc), "error")
@@ -120,6 +118,10 @@ def _consequence(decision: str) -> str:
         "reject": "The saga does not go past its gate; what landed before it is compensated.",
         "resolve": "You take the saga over: it ends as resolved and nothing more is "
         "compensated by the system. Its order is freed.",
+        "happened": "You say the step happened (you checked the system itself): the saga goes "
+        "on as if its outcome had come in time.",
+        "did_not_happen": "You say the step did not happen: its service fences its key first "
+        "(refused while a call holds it), then the steps before it are compensated.",
     }.get(decision, "")
 
 

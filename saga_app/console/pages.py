@@ -22,6 +22,7 @@ from saga_app.console.reads import (
 )
 from saga_app.console.web import render
 from saga_coordinator.desk import DeadLetterNotFound
+from saga_coordinator.register import SagaState
 
 if TYPE_CHECKING:
     from saga_app.console.app import Console
@@ -34,6 +35,17 @@ AVAILABLE: dict[str, tuple[str, ...]] = {
     "awaiting_approval": ("approve", "reject", "abort"),
     "needs_human": ("resume", "resolve"),
 }
+# A saga stopped on a step in doubt: a person says which way it went, or asks its service again.
+IN_DOUBT = ("happened", "did_not_happen", "resume", "resolve")
+
+
+def available(state: SagaState, account: Account, people: frozenset[str]) -> tuple[str, ...]:
+    """The decisions to offer; settling a step in doubt only to a person of the deployment
+    (``SAGA_PEOPLE``), who is the one the coordinator believes about it."""
+    waiting = any(s.status == "in_doubt" and not s.settling for s in state.steps)
+    if state.status == "needs_human" and waiting:
+        return IN_DOUBT if account.name in people else IN_DOUBT[2:]
+    return AVAILABLE.get(state.status, ())
 
 
 def _query(request: Request) -> dict[str, str]:
@@ -92,7 +104,7 @@ async def saga(console: Console, request: Request, account: Account) -> Response
         blocks=found["blocks"],
         parked=found["parked"],
         decisions=DECISIONS,
-        available=AVAILABLE.get(state.status, ()),
+        available=available(state, account, console.people),
     )
 
 

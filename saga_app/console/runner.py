@@ -18,6 +18,7 @@ from shared import http_server
 from shared.bus import Bus
 from shared.catalog import Catalog
 from shared.client import SagaClient
+from shared.identity import Directory
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,8 @@ class ConsoleRunner:
         hub = Hub()
         async with SagaClient(bus) as client:
             reads = ConsoleReads(pool, self.catalog, bus.topology)
-            console = Console(self.catalog, reads, self.accounts, hub, client)
+            people = Directory.from_settings(bus.settings).people
+            console = Console(self.catalog, reads, self.accounts, hub, client, people)
             secret = self.config.secret.get_secret_value() or None
             app = create_app(
                 console,

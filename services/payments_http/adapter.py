@@ -17,7 +17,7 @@ import httpx
 
 from services.errors import Permanent, Transient
 from services.payments.system import CHARGE, REFUND, Charge, Refund
-from services.sdk import Call, Resources, Result, Service
+from services.sdk import Call, KeyQuery, KeyStatus, Resources, Result, Service
 
 
 @contextlib.asynccontextmanager
@@ -28,7 +28,29 @@ async def _client(resources: Resources) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-SERVICE = Service("payments", setup=_client)
+async def status(query: KeyQuery, client: httpx.AsyncClient) -> KeyStatus:
+    """The API's own key record decides (``POST /v1/settle``): a key no request used is fenced
+    there, so a call still on its way is refused (409) rather than landing after the answer."""
+    try:
+        response = await client.post("/v1/settle", json={"key": query.key})
+        answer = response.json() if response.status_code == 200 else None
+    except (httpx.TransportError, ValueError):
+        return KeyStatus("unknown", reason="the payments API did not answer the settle")
+    if not isinstance(answer, dict) or answer.get("state") not in ("fenced", "stored"):
+        return KeyStatus("unknown", reason=f"the payments API answered {response.status_code}")
+    if answer["state"] == "fenced":
+        return KeyStatus("fenced", reason="the payments API fenced the key: it never ran")
+    code, body = answer.get("status"), answer.get("body")
+    if code == 200 and isinstance(body, dict) and query.action == CHARGE:
+        result = {"payment_id": body.get("id"), "amount_cents": body.get("amount_cents"),
+                  "card_token": body.get("card_token")}  # fmt: skip
+        return KeyStatus("done", result=result)
+    if isinstance(code, int) and 400 <= code < 500:
+        return KeyStatus("failed", reason=f"the payments API refused it (HTTP {code})")
+    return KeyStatus("unknown", reason=f"the payments API stored HTTP {code} for it")
+
+
+SERVICE = Service("payments", setup=_client, status=status)
 
 
 @SERVICE.action(CHARGE)

@@ -2,6 +2,7 @@
 
     POST /v1/charges   {"amount_cents": 1200, "card_token": "tok_visa", "order_id": "o-1"}
     POST /v1/refunds   {"charge": "ch_..."}  or  {"charge_key": "<the charge's Idempotency-Key>"}
+    POST /v1/settle    {"key": "<any Idempotency-Key>"}
     GET  /v1/charges?order_id=o-1
     GET  /healthz
 
@@ -11,6 +12,9 @@ later request with that key (``Idempotent-Replayed: true``); the same key with o
 is refused (422); a 5xx and a request that fails validation are not stored, so a retry runs for
 real. A refund by ``charge_key`` finds the charge made with that key, or, when none was made,
 fences the key so that a late charge with it is refused (409) instead of landing unnoticed.
+A settle does the same for any key: it answers ``{"state": "fenced"}`` when no request used it
+(which fences it), or ``{"state": "stored", "status": ..., "body": ...}`` with the response
+stored for it; a request still in flight with that key is waited for.
 
 Test cards: ``tok_declined...`` is declined (402); ``tok_error...`` answers 500 every time;
 ``tok_slow_<ms>...`` holds the transaction that long before it commits (to kill the server
@@ -60,6 +64,11 @@ class RefundBody(BaseModel):
     charge_key: Annotated[str, Field(min_length=1, max_length=255)] | None = None
 
 
+class SettleBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    key: Annotated[str, Field(min_length=1, max_length=255)]
+
+
 class _NotStored(Exception):
     def __init__(self, status: int, payload: dict[str, Any]) -> None:
         self.status, self.payload = status, payload
@@ -83,6 +92,16 @@ def create_app(pool: asyncpg.Pool) -> Starlette:
         rows = await pool.fetch(Q.charges_for_order, order_id)
         return JSONResponse({"data": [row_dict(r) for r in rows]})
 
+    async def settle(request: Request) -> Response:
+        raw = await _body(request)
+        if raw is None:
+            return _json(_error(413, "invalid_request_error", f"body over {MAX_BODY} bytes"))
+        try:
+            body = SettleBody.model_validate_json(raw)
+        except ValidationError as exc:
+            return _json(_error(400, "invalid_request_error", describe(exc)))
+        return JSONResponse(await _settle(pool, body.key))
+
     async def health(request: Request) -> Response:
         return JSONResponse({"ok": True})
 
@@ -91,6 +110,7 @@ def create_app(pool: asyncpg.Pool) -> Starlette:
             Route("/v1/charges", charges, methods=["POST"]),
             Route("/v1/charges", list_charges, methods=["GET"]),
             Route("/v1/refunds", refunds, methods=["POST"]),
+            Route("/v1/settle", settle, methods=["POST"]),
             Route("/healthz", health),
         ]
     )
@@ -125,6 +145,20 @@ async def _idempotent(
     except _NotStored as failed:
         return _json((failed.status, failed.payload))
     return _json((status, payload))
+
+
+async def _settle(pool: asyncpg.Pool, key: str) -> dict[str, Any]:
+    """Fence ``key`` if no request used it (waiting for one in flight), else its response."""
+    async with pool.acquire() as conn, conn.transaction():
+        if await conn.fetchval(Q.claim, key, FENCED) is not None:
+            fence = _error(409, "idempotency_error", "cancelled by a settle before it ran")
+            await conn.execute(Q.answer, key, fence[0], json.dumps(fence[1]))
+            return {"state": "fenced"}
+        row = await conn.fetchrow(Q.stored, key)
+    assert row is not None  # the claim conflicted, so the row exists
+    if row["fingerprint"] == FENCED:
+        return {"state": "fenced"}
+    return {"state": "stored", "status": row["status"], "body": json.loads(row["body"])}
 
 
 async def _body(request: Request) -> bytes | None:

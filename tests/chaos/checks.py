@@ -38,6 +38,9 @@ IRREVERSIBLE = frozenset({"email.send_customer_email", "email.send_confirmation"
 # The wording the machine uses when a deadline gives up on a step (no answer after N sends):
 # allowed by design, reported apart from faults so it is visible.
 DEADLINE_WORDS = "no answer after"
+# A crash used up a send's attempts (services.calls): like a deadline, the faults then decide
+# less than the crash did.
+SPENT_WORDS = "the attempts of"
 
 
 # --- what the database holds ---------------------------------------------------------------------
@@ -181,7 +184,7 @@ async def observe(pool: asyncpg.Pool) -> Observed:
         effects = await conn.fetch(
             "SELECT action, order_id, idempotency_key, entity_id, applied_at FROM sim_effects"
         )
-        keys = await conn.fetch("SELECT key, outcome, created_at FROM sim_idempotency")
+        keys = await conn.fetch("SELECT key, outcome, created_at FROM service_keys")
         entities = await conn.fetch(
             "SELECT reservation_id AS id, status FROM sim_inventory_reservations"
             " UNION ALL SELECT credit_note_id, status FROM sim_erp_credit_notes"
@@ -363,9 +366,18 @@ def _check_final(ctx: _SagaContext, seen: Observed, verdict: Verdict) -> Iterato
     if r.status != "completed" and any(s.status == "running" for s in r.steps):
         yield ctx.v("1", f"{r.status} with a step still running: {statuses}")
     if r.status == "needs_human":
+        # One reason a person is needed: a compensation that failed, or a step in doubt.
         failed = [s.index for s in r.steps if s.compensation_status == "failed"]
-        if len(failed) != 1:
-            yield ctx.v("5", f"needs_human with failed compensations at steps {failed}")
+        doubtful = [s.index for s in r.steps if s.status == "in_doubt"]
+        if len(failed) + len(doubtful) != 1:
+            yield ctx.v("5", f"needs_human with failed compensations at steps {failed} and "
+                        f"steps in doubt {doubtful}")  # fmt: skip
+
+
+def _found_not_landed(record: SagaRecord, index: int | None) -> bool:
+    """The failing step's adapter found out its call never landed (a settle fenced the key)."""
+    step = next((s for s in record.steps if s.index == index), None)
+    return step is not None and step.status == "failed" and not step.effect_unknown
 
 
 def _needs_human_holder(record: SagaRecord, seen: Observed) -> str | None:
@@ -379,11 +391,14 @@ def _check_expected(ctx: _SagaContext, verdict: Verdict) -> Iterator[Violation]:
     r, want = ctx.record, ctx.expected
     if r.status not in FINAL or want.allows(r.status):
         return
+    if r.status == want.if_not_landed and _found_not_landed(r, want.failing_step):
+        return
     gave_up = [
         s
         for s in r.steps
-        if DEADLINE_WORDS in (s.error or "") or DEADLINE_WORDS in (s.compensation_error or "")
-    ]
+        if any(words in (s.error or "") or words in (s.compensation_error or "")
+               for words in (DEADLINE_WORDS, SPENT_WORDS))
+    ]  # fmt: skip
     if gave_up and want.outcome != "needs_human" and r.status != "completed":
         step = gave_up[0]
         verdict.notes.append(
@@ -432,7 +447,9 @@ def _check_irreversible(ctx: _SagaContext) -> Iterator[Violation]:
     sent = [e for e in ctx.effects if e.action in IRREVERSIBLE]
     if r.status == "completed" and len(sent) != 1:
         yield ctx.v("2", f"completed with {len(sent)} e-mail(s) sent")
-    if r.status != "completed" and sent:
+    in_doubt = any(s.action in IRREVERSIBLE and s.status == "in_doubt" for s in r.steps)
+    if r.status != "completed" and sent and not (r.status == "needs_human" and in_doubt):
+        # (a step in doubt waits for a person, who will find it sent: not a compensation)
         yield ctx.v("2", f"{r.status} but the e-mail was sent ({sent[0].entity_id})")
     for email in sent:
         before = _forward_before(r, email)

@@ -38,7 +38,7 @@ async def measure(amqp_url: str, database_url: str, quorum: int, sagas: int, wid
     async with (
         Stack(settings, ["all"]),
         Bus(settings) as bus,
-        SagaClient(bus, reply_timeout_s=60) as agent,
+        SagaClient(bus, answer_within_s=60) as agent,
     ):
         gate = asyncio.Semaphore(width)
 

@@ -7,7 +7,9 @@ Faults are chosen so that their effect is certain whatever the chaos does to the
   the calls are spread over redeliveries and resends (an adapter killed mid-retry, a deadline),
   fewer than ``attempts`` failures can never exhaust one delivery's retries: the step succeeds.
 * ``transient:1000``: more failures than any run makes calls; every delivery exhausts its retries,
-  so the step fails with an unknown effect and must be compensated anyway.
+  so the step fails with an unknown effect and must be compensated anyway; unless the adapter was
+  killed mid-call and, its attempts spent, a settle fenced the key and found nothing landed: then
+  the step certainly failed and needs no way back (``Expectation.if_not_landed``).
 
 A count between the two (K >= attempts, but small) would pass or fail depending on how the
 chaos spread the calls, so it is never drawn: each saga's outcome is known in advance.
@@ -284,6 +286,9 @@ class Expectation:
     why: str = ""
     # Other outcomes a race makes possible (an abort that may come before or after the end).
     also: frozenset[str] = frozenset()
+    # For a failure of unknown effect: the outcome when the adapter found out nothing landed (a
+    # claim killed mid-call, then fenced by a settle), so the failing step needs no way back.
+    if_not_landed: Outcome | None = None
 
     def allows(self, status: str) -> bool:
         return status == self.outcome or status in self.also
@@ -318,6 +323,16 @@ def _expected_from_faults(saga: PlannedSaga, load: Load, faults: dict[str, Fault
     if failing is None:
         return Expectation("completed", why="no certain failure injected")
     step, unknown, why = failing
+    want = _way_back(plan, faults, step, unknown, why)
+    if unknown:
+        known = _way_back(plan, faults, step, False, why)
+        return replace(want, if_not_landed=known.outcome)
+    return want
+
+
+def _way_back(
+    plan: tuple[PlanStep, ...], faults: dict[str, Fault], step: int, unknown: bool, why: str
+) -> Expectation:
     landed = [s for s in plan[:step] if s.compensable]
     if unknown and plan[step].compensable:
         landed.append(plan[step])

@@ -35,8 +35,10 @@ class PerfectRun:
     """The database a perfect run leaves behind: every saga ends as its injected faults say,
     one saga of an order after the other, compensations in reverse order."""
 
-    def __init__(self, load: Load) -> None:
+    def __init__(self, load: Load, *, fenced: bool = False) -> None:
         self.load = load
+        # Every failure of unknown effect found out by a settle: nothing landed (a fenced key).
+        self.fenced = fenced
         self.now = datetime(2026, 1, 1, tzinfo=UTC)
         self.seen = Observed({}, [], {}, {}, [], [], [], [], 0)
         for sagas in load.orders.values():
@@ -60,9 +62,10 @@ class PerfectRun:
         steps = [self.forward(saga, step, landed=i + 1) for i, step in enumerate(plan[:fail])]
         status = "completed"
         if fail < len(plan):
-            landed = fail + 1 if want.effect_unknown else None
+            unknown = want.effect_unknown and not self.fenced
+            landed = fail + 1 if unknown else None
             failed = _step(plan[fail], "failed", self.tick(), self.tick(), landed)
-            steps.append(dataclasses.replace(failed, effect_unknown=want.effect_unknown))
+            steps.append(dataclasses.replace(failed, effect_unknown=unknown))
             steps += [_step(s, "skipped", None, None, None) for s in plan[fail + 1 :]]
             status = self.compensate(saga, plan, steps)
         self.seen.sagas[saga.saga_id] = SagaRecord(
@@ -187,6 +190,33 @@ def test_a_perfect_run_breaks_no_rule(load: Load) -> None:
     assert set(verdict.terminal) == {"completed", "compensated", "needs_human", "waiting"}
     assert verdict.held == verdict.terminal["waiting"] > 0
     assert any(len(sagas) == 3 for sagas in load.orders.values())
+
+
+def test_a_failure_found_not_to_have_landed_needs_no_way_back(load: Load) -> None:
+    """A call killed mid-way, its attempts then spent: the adapter's settle fences the key and
+    finds nothing landed, so the failing step is not compensated and a saga that would have
+    stopped at its failing compensation ends compensated. That is found out, not guessed."""
+    seen = PerfectRun(load, fenced=True).seen
+    changed = [
+        r for r in seen.sagas.values()
+        if (want := expect(next(s for s in load.sagas if s.saga_id == r.saga_id), load))
+        and want.if_not_landed is not None and r.status == want.if_not_landed != want.outcome
+    ]  # fmt: skip
+
+    assert changed, "the load has no failure of unknown effect whose way back fails"
+    assert verify(load, seen, {s.saga_id for s in load.sagas}).violations == []
+
+
+def test_a_failure_said_not_to_have_landed_while_it_did_breaks_rule_3(load: Load) -> None:
+    seen = PerfectRun(load, fenced=True).seen
+    record = first(seen, "compensated", lambda r: any(
+        s.status == "failed" and s.action in RESULT_ID for s in r.steps
+    ))  # fmt: skip
+    step = next(s for s in record.steps if s.status == "failed")
+    key = f"{record.saga_id}:{step.action}"
+    seen.effects.append(Effect(step.action, record.order_id, key, "stray", datetime.now(UTC)))
+    seen.entity_status["stray"] = "active"
+    assert "3" in rules_broken(load, seen)
 
 
 # --- each broken rule is reported ----------------------------------------------------------------

@@ -56,7 +56,7 @@ async def stack(settings: Settings) -> AsyncIterator[Stack]:
 
 @pytest.fixture
 async def client(stack: Stack, settings: Settings) -> AsyncIterator[SagaClient]:
-    async with Bus(settings) as bus, SagaClient(bus, reply_timeout_s=20) as agent:
+    async with Bus(settings) as bus, SagaClient(bus, answer_within_s=20) as agent:
         yield agent
 
 

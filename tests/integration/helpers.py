@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
+import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -152,3 +154,36 @@ def quick(settings: Settings, tmp_path: Path) -> Settings:
     path = tmp_path / "catalog.toml"
     path.write_text(text)
     return settings.with_(catalog_path=str(path), deadline_poll_s=0.1)
+
+
+class Processes:
+    """`saga run <component>` processes of one test, stopped at the end."""
+
+    def __init__(self, settings: Settings, logs: Path) -> None:
+        self.settings = settings
+        self.logs = logs
+        self.running: list[asyncio.subprocess.Process] = []
+
+    async def start(
+        self, component: str, crash_at: str | None = None
+    ) -> asyncio.subprocess.Process:
+        env = saga_env(self.settings)
+        if crash_at is not None:
+            env["SAGA_CRASH_POINT"] = crash_at
+        log = (self.logs / f"{component}-{len(self.running)}.log").open("wb")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "saga_app.cli", "run", component,
+            env=env, stdout=log, stderr=log,
+        )  # fmt: skip
+        self.running.append(proc)
+        return proc
+
+    async def stop_all(self) -> None:
+        for proc in self.running:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.running:
+            try:
+                await asyncio.wait_for(proc.wait(), 40)
+            except TimeoutError:
+                proc.kill()

@@ -44,7 +44,7 @@ def negative(order_id: str) -> ActionRequest:
 async def transactions_of(pool: asyncpg.Pool, keys: list[str]) -> int:
     """How many transactions wrote these keys' stored outcomes."""
     count: int = await pool.fetchval(
-        "SELECT count(DISTINCT xmin::text) FROM sim_idempotency WHERE key = ANY($1::text[])", keys
+        "SELECT count(DISTINCT xmin::text) FROM service_keys WHERE key = ANY($1::text[])", keys
     )
     return count
 

@@ -367,7 +367,7 @@ async def test_with_the_fast_frames_off_a_timestamp_out_of_range_is_refused_all_
     await running.start()
     try:
         assert pamqp.frame.unmarshal is wire.guarded_unmarshal
-        async with Bus(plain) as bus, SagaClient(bus, reply_timeout_s=20) as agent:
+        async with Bus(plain) as bus, SagaClient(bus, answer_within_s=20) as agent:
             reason = await _refused_by_name(
                 running, agent, plain, pool, order_id, f"when-{order_id}", "when"
             )

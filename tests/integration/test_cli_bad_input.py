@@ -78,6 +78,7 @@ VALUES: dict[str, dict[str, str | bool]] = {
     "new adapter": {"name": "shop_x", "into": "{tmp}"},
     "run": {"components": "coordinator"},
     "schema export": {"out_dir": "{tmp}/schemas"},
+    "settle": {"happened": True},
     "setup": {
         "method": "file",
         "definitions_out": "{tmp}/definitions.json",

@@ -60,7 +60,7 @@ async def page() -> AsyncIterator[Page]:
 @pytest.fixture
 async def agent(console_stack: tuple[Stack, str]) -> AsyncIterator[SagaClient]:
     stack, _ = console_stack
-    async with Bus(stack.settings) as bus, SagaClient(bus, reply_timeout_s=20) as client:
+    async with Bus(stack.settings) as bus, SagaClient(bus, answer_within_s=20) as client:
         yield client
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,46 +19,13 @@ from shared.bus import Bus
 from shared.config import Settings
 from shared.crashpoints import CRASH_EXIT
 from tests.integration.helpers import (
+    Processes,
     consumers_of,
     eventually,
     publish_start,
     remove_namespace,
-    saga_env,
     terminal,
 )
-
-
-class Processes:
-    """`saga run <component>` processes of one test, stopped at the end."""
-
-    def __init__(self, settings: Settings, logs: Path) -> None:
-        self.settings = settings
-        self.logs = logs
-        self.running: list[asyncio.subprocess.Process] = []
-
-    async def start(
-        self, component: str, crash_at: str | None = None
-    ) -> asyncio.subprocess.Process:
-        env = saga_env(self.settings)
-        if crash_at is not None:
-            env["SAGA_CRASH_POINT"] = crash_at
-        log = (self.logs / f"{component}-{len(self.running)}.log").open("wb")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "saga_app.cli", "run", component,
-            env=env, stdout=log, stderr=log,
-        )  # fmt: skip
-        self.running.append(proc)
-        return proc
-
-    async def stop_all(self) -> None:
-        for proc in self.running:
-            if proc.returncode is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.running:
-            try:
-                await asyncio.wait_for(proc.wait(), 40)
-            except TimeoutError:
-                proc.kill()
 
 
 @pytest.fixture

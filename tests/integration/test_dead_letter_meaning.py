@@ -16,13 +16,13 @@ from saga_app.stack import Stack
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.intake import Intake
 from saga_coordinator.processor import Processor
-from services.adapter import Adapter
+from services.adapter import Adapter, Incoming
 from services.faults import add_fault
 from shared.bus import Bus
 from shared.client import SagaClient
 from shared.codec import peek
 from shared.config import Settings
-from shared.messages import ActionRequest, AnyCommand, PartitionMessage
+from shared.messages import AnyCommand, PartitionMessage
 from shared.trust import forwarded_id
 from tests.integration.helpers import (
     REFUND,
@@ -73,7 +73,7 @@ def breaker(monkeypatch: pytest.MonkeyPatch) -> Breaker:
         found.check("coordinator", message)
         return await handle(self, tx, message, *a)
 
-    def broken_adapt(self: Adapter, delivery: AbstractIncomingMessage) -> ActionRequest:
+    def broken_adapt(self: Adapter, delivery: AbstractIncomingMessage) -> Incoming:
         # Every request goes through here, alone or in a batch.
         found.check("adapter", peek(delivery.body) | {"body": delivery.body})
         return adapt(self, delivery)
@@ -170,7 +170,9 @@ async def test_discarding_a_dead_request_fails_its_step_and_it_is_never_sent_aga
 
     assert state.status == "compensated"
     email = state.steps[2]
-    assert (email.status, email.effect_unknown) == ("failed", True)
+    # Discarded, its effect was unknown: an irreversible step is settled first, and its
+    # service fenced the key nobody had claimed (the request never reached a call).
+    assert (email.status, email.settled) == ("failed", "did_not_happen")
     assert "discarded by ops" in (email.error or "")
     assert [s.status for s in state.steps[:2]] == ["compensated", "compensated"]
     assert await pool.fetchval("SELECT count(*) FROM deadlines WHERE saga_id = $1", saga_id) == 0

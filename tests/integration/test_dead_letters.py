@@ -6,7 +6,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import aio_pika
 import asyncpg
@@ -16,10 +16,11 @@ from saga_app.stack import Stack
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.processor import Processor
 from saga_coordinator.store import Tx
+from shared import trust
 from shared.bus import Bus
 from shared.client import SagaClient
 from shared.config import Settings
-from shared.messages import ReplayDeadLetters, Sender
+from shared.messages import ReplayDeadLetters, Sender, StartSaga
 from tests.integration.helpers import (
     REFUND,
     eventually,
@@ -169,6 +170,42 @@ async def test_handler_raising_every_time_goes_to_the_dead_letters_then_replay_d
     )
     assert {r["action"]: r["n"] for r in effects}["email.send_customer_email"] == 3
     assert order_id not in [r["order_id"] for r in await stack.store.blocked_orders()]
+
+
+async def test_a_dead_copy_of_a_command_already_applied_holds_nothing(
+    stack: Stack, bus: Bus, pool: asyncpg.Pool, order_id: str
+) -> None:
+    """An agent sent a start twice (its confirm was lost): one copy was applied, the other used
+    up its deliveries. Its letter is kept, but blocking the order would stop it for a replay
+    that can only be absorbed: the block its failures left is lifted, and the order's next
+    saga runs without anyone."""
+    command = StartSaga(saga_id=f"s-{uuid.uuid4().hex[:10]}", order_id=order_id,
+                        saga="refund", params=REFUND)  # fmt: skip
+    await bus.publish(bus.topology.commands_exchange, command.type, command)
+    assert (await terminal(stack, command.saga_id)).status == "completed"
+    # the dead copy had failed before and left its block, and the order's next start waits
+    key = trust.forwarded_id(bus.user or "", command.message_id)
+    await stack.store.run(lambda tx: tx.block(order_id, key, "retrying", "RuntimeError: boom"))
+    after = await publish_start(bus, order_id)
+    await eventually(lambda: stack.store.parked(order_id), lambda rows: len(rows) == 1)
+
+    queue = bus.topology.intake_queue
+    death: dict[str, Any] = {
+        "queue": queue, "reason": "delivery_limit", "count": 1, "routing-keys": [command.type],
+        "exchange": bus.topology.commands_exchange,
+    }  # fmt: skip
+    copy = aio_pika.Message(
+        command.model_dump_json().encode(), message_id=command.message_id, type=command.type,
+        user_id=bus.user, headers={"x-order-id": order_id, "x-first-death-queue": queue,
+                                   "x-death": cast(Any, [death])},
+    )  # fmt: skip
+    await bus.publish_raw(bus.topology.dead_letter_exchange, "", copy)
+
+    [dead] = await wait_dead(pool, order_id)
+    assert (dead["reason"], dead["blocks_order"]) == ("delivery_limit", False)
+    assert "another copy of it was applied: it holds nothing" in dead["error"]
+    assert (await terminal(stack, after)).status == "completed"  # the block lifted, it ran
+    assert await stack.store.blocks(order_id) == []
 
 
 async def test_handler_raising_twice_recovers_in_order_without_a_dead_letter(

@@ -195,7 +195,7 @@ async def _abort_what_waits_for_a_person(
 
 async def _refund_every_order(settings: Settings, agent: str, orders: list[str]) -> int:
     """A normal refund of every touched order completes, behind whatever the fuzz started."""
-    async with Bus(settings, user=agent) as bus, SagaClient(bus, reply_timeout_s=60) as client:
+    async with Bus(settings, user=agent) as bus, SagaClient(bus, answer_within_s=60) as client:
         sagas = [await client.start("refund", order_id=o, params=REFUND) for o in orders]
         outcomes = await asyncio.gather(
             *(client.wait(s, seconds=240) for s in sagas), return_exceptions=True

@@ -78,7 +78,7 @@ async def test_the_new_service_runs_a_saga_beside_the_coordinator(
     try:
         async with Stack(own, ["coordinator", "warehouse.service:SERVICE"]) as stack:
             assert own.namespace + ".action.warehouse" in stack.bus.topology.all_queues()
-            async with Bus(own) as bus, SagaClient(bus, reply_timeout_s=20) as agent:
+            async with Bus(own) as bus, SagaClient(bus, answer_within_s=20) as agent:
                 saga_id = await agent.start(
                     "warehouse_demo", order_id="o-wh-1", params={"label": "crate"}
                 )
@@ -118,7 +118,7 @@ async def test_the_new_service_runs_on_its_own_accounts_in_roles_mode(
         async with (
             Stack(settings, parts),
             agent_bus,
-            SagaClient(agent_bus, reply_timeout_s=20) as agent,
+            SagaClient(agent_bus, answer_within_s=20) as agent,
         ):
             saga_id = await agent.start(
                 "warehouse_demo", order_id="o-wh-2", params={"label": "crate"}

@@ -221,8 +221,12 @@ async def test_a_server_killed_mid_call_charges_at_most_once(
         late = await adapter.perform(charge(order_id, "tok_slow_3000", attempt=2))
 
     assert isinstance(undone, ActionDone) and undone.result["refunded"] is False
+    # The API's own record (its settle route, the service's status hook) said the charge never
+    # ran and fenced it there: the register learns it did not happen.
+    assert undone.forward == "fenced"
+    # The late retry is refused by the service's key record before any HTTP call is made.
     assert isinstance(late, ActionFailed) and late.effect_unknown is False
-    assert "cancelled by a refund" in late.reason and "HTTP 409" in late.reason
+    assert late.reason.startswith("fenced, nothing done")
     assert await charges(pool, order_id) == []
 
 
@@ -233,7 +237,7 @@ async def test_a_checkout_charges_and_refunds_over_http(
     closed = {**CHECKOUT, "address": "7 Closed Depot Road"}  # the step after the charge fails
     try:
         async with Stack(http_settings, parts) as stack, Bus(http_settings) as bus:
-            async with SagaClient(bus, reply_timeout_s=20) as agent:
+            async with SagaClient(bus, answer_within_s=20) as agent:
                 ok = await agent.start("checkout", order_id=order_id, params=CHECKOUT)
                 undone = await agent.start("checkout", order_id=f"{order_id}-2", params=closed)
                 assert (await agent.wait(ok, seconds=30)).status == "completed"

@@ -42,7 +42,7 @@ class As:
 
     def __init__(self, settings: Settings, user: str) -> None:
         self.bus = Bus(settings, user=user)
-        self.client = SagaClient(self.bus, reply_timeout_s=20)
+        self.client = SagaClient(self.bus, answer_within_s=20)
 
     async def __aenter__(self) -> tuple[Bus, SagaClient]:
         await self.bus.connect()

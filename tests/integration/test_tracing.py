@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import asyncpg
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -15,6 +16,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from saga_app.stack import Stack
 from services.faults import add_fault
 from shared.client import SagaClient
+from shared.config import Settings
+from tests.integration.helpers import forget_outbox
+from tests.integration.test_guarded_apply import Coordinator, start
 from tests.integration.test_sagas import REFUND
 
 pytestmark = pytest.mark.integration
@@ -82,3 +86,22 @@ async def test_a_compensation_joins_the_sagas_trace(
     names = [s.name for s in sorted(mine, key=lambda s: s.start_time or 0)]
     assert "adapter inventory.release_stock" in names
     assert names[-1] == "coordinator action.done"  # the release's outcome, handled
+
+
+async def test_a_decision_taken_again_after_its_try_rolled_back_is_traced_once(
+    spans: InMemorySpanExporter, pool: asyncpg.Pool, settings: Settings, order_id: str
+) -> None:
+    """Decided on a stale cache, refused by the guard, decided again on the database: one
+    span for the one decision that committed (this try's extra span once failed CI)."""
+    mine, theirs = Coordinator(pool, settings), Coordinator(pool, settings)
+    try:
+        _, rows, _ = await mine.handle(start(order_id, f"{order_id}-s"))
+        await theirs.handle(mine.done(rows))  # another process advanced the saga meanwhile
+        before = len(of_saga(spans, f"{order_id}-s"))
+        note, _, path = await mine.handle(mine.done(rows))
+    finally:
+        await forget_outbox(settings)  # driven without a broker: what it wrote goes nowhere
+
+    assert (note, path) == ("stale action.done for step 0", "stale")
+    names = [s.name for s in of_saga(spans, f"{order_id}-s")[before:]]
+    assert names == ["coordinator action.done"]

@@ -20,6 +20,7 @@ from shared.messages import (
     ActionDone,
     ActionFailed,
     ActionRequest,
+    ActionSettled,
     CommandReply,
     PartitionMessage,
     Plan,
@@ -29,6 +30,9 @@ from shared.messages import (
     Role,
     SagaEvent,
     Sender,
+    SettleRequest,
+    SettleSaga,
+    SettleVerdict,
     StartSaga,
 )
 
@@ -189,11 +193,39 @@ def failed_for(
     )
 
 
+def settled_for(
+    request: SettleRequest,
+    verdict: SettleVerdict,
+    *,
+    result: Mapping[str, JsonValue] | None = None,
+    reason: str = "",
+    effect_unknown: bool = False,
+    claims: int | None = None,
+) -> ActionSettled:
+    return ActionSettled(
+        saga_id=request.saga_id,
+        order_id=request.order_id,
+        action=request.action,
+        step=request.step,
+        idempotency_key=request.idempotency_key,
+        attempt=request.attempt,
+        verdict=verdict,
+        result=None if result is None else dict(result),
+        reason=reason,
+        effect_unknown=effect_unknown,
+        claims=claims,
+    )
+
+
 # --- reading a transition ------------------------------------------------------------------------
 
 
 def requests_of(t: Transition) -> list[ActionRequest]:
     return [m for m in t.out if isinstance(m, ActionRequest)]
+
+
+def settles_of(t: Transition) -> list[SettleRequest]:
+    return [m for m in t.out if isinstance(m, SettleRequest)]
 
 
 def events_of(t: Transition) -> list[SagaEvent]:
@@ -238,6 +270,7 @@ class Driver:
         self.state: SagaState | None = None
         self.transitions: list[Transition] = []
         self.requests: list[ActionRequest] = []
+        self.settles: list[SettleRequest] = []
         self._tick = 0
 
     # time moves one second per message, so timestamps tell messages apart
@@ -250,6 +283,7 @@ class Driver:
         self.state = t.state
         self.transitions.append(t)
         self.requests.extend(requests_of(t))
+        self.settles.extend(settles_of(t))
         return t
 
     @property
@@ -270,19 +304,58 @@ class Driver:
         assert self.requests, "no action was ever requested"
         return self.requests[-1]
 
-    def in_flight(self) -> ActionRequest | None:
-        """The request still waiting for its outcome, read from the register."""
+    def in_flight(self) -> ActionRequest | SettleRequest | None:
+        """What still waits for an answer, read from the register: the settle of a step in
+        doubt when one is out (an abort settles an irreversible step first), else the request."""
         if self.state is None:
             return None
-        busy = [
-            s
-            for s in self.state.steps
-            if s.status == "running" or s.compensation_status == "running"
-        ]
+        busy = [s for s in self.state.steps if s.in_flight]
         if not busy:
             return None
         assert len(busy) == 1
+        if busy[0].settling:
+            return self.last_settle
         return self.last_request
+
+    @property
+    def last_settle(self) -> SettleRequest:
+        assert self.settles, "no settle was ever sent"
+        return self.settles[-1]
+
+    def settled(
+        self,
+        verdict: SettleVerdict,
+        *,
+        result: Mapping[str, JsonValue] | None = None,
+        reason: str = "",
+        effect_unknown: bool = False,
+        request: SettleRequest | None = None,
+        claims: int | None = None,
+    ) -> Transition:
+        """The service's answer to the last settle (or to ``request``)."""
+        req = request or self.last_settle
+        answer = settled_for(req, verdict, result=result, reason=reason,
+                             effect_unknown=effect_unknown, claims=claims)  # fmt: skip
+        return self.feed(answer)
+
+    def settle(
+        self,
+        step: int,
+        *,
+        happened: bool,
+        note: str = "checked the mail server's log",
+        by: str = "ana",
+        role: Role = "person",
+        version: int | None = None,
+        reply_to: str | None = None,
+    ) -> Transition:
+        """A person's decision on a step in doubt."""
+        return self.feed(
+            SettleSaga(
+                saga_id=self.saga_id, order_id=self.st.order_id, step=step, happened=happened,
+                note=note, version=version, sender=sender(by, role), reply_to=reply_to,
+            )
+        )  # fmt: skip
 
     def step(self, index: int) -> Step:
         step = self.st.step(index)

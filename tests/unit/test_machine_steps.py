@@ -70,14 +70,18 @@ def test_irreversible_done_without_its_result_field_still_counts_as_done() -> No
     assert d.compensation_requests() == []
 
 
-def test_irreversible_step_failing_with_unknown_effect_is_impossible_to_undo() -> None:
+def test_irreversible_step_failing_with_unknown_effect_is_settled_before_compensating() -> None:
     d, _ = adhoc(["inventory.hold", "email.notify"])
     d.done()
     d.fail("smtp timeout", effect_unknown=True)
+    assert d.step(1).status == "in_doubt"
+    assert d.compensation_requests() == []  # nothing acts around a step in doubt
+    d.settled("fenced")
     while d.status() == "compensating":
         d.done()
 
-    assert d.step(1).compensation_status == "impossible"
+    assert d.status() == "compensated"
+    assert d.step(1).compensation_status == "none"  # it never happened: nothing to undo
     assert d.compensation_requests() == [(0, "inventory.unhold")]
 
 
@@ -268,14 +272,42 @@ def test_outcomes_for_an_unknown_saga_are_ignored(message: ActionDone | ActionFa
     assert (t.state, t.out, t.changed) == (None, (), False)
 
 
-def test_duplicate_start_for_an_existing_saga_is_ignored() -> None:
+def test_a_start_sent_again_changes_nothing_and_is_answered_with_where_the_saga_stands() -> None:
     d, _ = refund(reply_to=REPLY_TO)
     d.done()
     before = d.state
 
     t = d.feed(start_named("refund", REFUND_PARAMS, reply_to=REPLY_TO))
 
-    assert_ignored(d, t, before)
+    assert t.changed is False and d.state == before
+    assert requests_of(t) == []
+    reply = only_reply(t)
+    assert reply.type == "command.accepted"
+    assert reply.reason == f"already started: saga {d.saga_id} is running"
+
+
+def test_a_saga_id_reused_with_other_parameters_is_refused_naming_the_conflict() -> None:
+    d, _ = refund(reply_to=REPLY_TO)
+    before = d.state
+    t = d.feed(start_named("refund", {**REFUND_PARAMS, "amount_cents": 1}, reply_to=REPLY_TO))
+
+    assert t.changed is False and d.state == before
+    reply = only_reply(t)
+    assert reply.type == "command.rejected"
+    assert "other parameters for erp.create_credit_note (amount_cents)" in reply.reason
+
+
+def test_a_saga_id_reused_for_another_order_is_refused_without_touching_that_saga() -> None:
+    d, _ = refund(reply_to=REPLY_TO)
+    other = start_named("refund", REFUND_PARAMS, reply_to=REPLY_TO).model_copy(
+        update={"order_id": "another-order"}
+    )
+    t = decide(d.state, other, CATALOG, T0)
+
+    assert t.state is None  # the other order's saga is not this order's business
+    reply = only_reply(t)
+    assert reply.type == "command.rejected" and "another order" in reply.reason
+    assert "order-" not in reply.reason.replace("another order", "")
 
 
 def test_redelivered_forward_outcome_after_compensation_began_is_ignored() -> None:

@@ -1,8 +1,10 @@
-"""The machine's rules under random sequences of outcomes, aborts, resumes, stale messages and
-approval gates (approve, reject, time out, an agent trying to approve), checked against a model
-the test keeps on its own: rule 1 (exactly one thing in flight while running), rule 2 (a
-forward step only while running, in order, never a gated step before its approval), rule 4
-(compensations only for what may have landed, in the declared order), rule 5."""
+"""The machine's rules under random sequences of outcomes, aborts, resumes, stale messages,
+approval gates (approve, reject, time out, an agent trying to approve) and steps in doubt
+(settle answers of every kind, settle deadlines, late outcomes, people settling), checked
+against a model the test keeps on its own: rule 1 (exactly one thing in flight while running),
+rule 2 (a forward step only while running, in order, never a gated step before its approval;
+nothing compensated and nothing run while a step is in doubt; never compensated with one in
+doubt), rule 4 (compensations only for what may have landed, in the declared order), rule 5."""
 
 from __future__ import annotations
 
@@ -19,12 +21,14 @@ from shared.gateway import check_catalog
 from shared.messages import (
     ActionDone,
     ActionFailed,
+    ActionRequest,
     ApproveSaga,
     DeadlineReached,
     Gate,
     Plan,
     PlanStep,
     RejectSaga,
+    SettleRequest,
     StartSaga,
 )
 from tests.unit.factories import (
@@ -41,6 +45,7 @@ from tests.unit.factories import (
     read_only,
     requests_of,
     sender,
+    settles_of,
     with_residue,
 )
 
@@ -99,6 +104,9 @@ class Model:
     def undoable(self, index: int) -> bool:
         return PROP.actions[self.steps[index]].action_class.needs_compensation
 
+    def irreversible(self, index: int) -> bool:
+        return PROP.actions[self.steps[index]].action_class is ActionClass.IRREVERSIBLE
+
     def undo_order(self) -> list[int]:
         todo = [i for i in self.landed if self.undoable(i)]
         first = [i for a in self.priority for i in todo if self.steps[i] == a]
@@ -139,12 +147,31 @@ def check_deadline_and_order(d: Driver, t: Transition, m: Model) -> None:
     assert (m.active == state.saga_id) == held, (state.status, m.active)
 
 
+def check_doubt(d: Driver, t: Transition) -> None:
+    """Rule 2 with doubt: while a step is in doubt nothing runs and nothing is compensated; a
+    settle goes only for an irreversible step that is out or in doubt; a saga in doubt is
+    never reported compensated or completed."""
+    state = d.st
+    doubtful = [s for s in state.steps if s.status == "in_doubt"]
+    assert len(doubtful) <= 1
+    if doubtful or any(s.settling for s in state.steps):
+        assert requests_of(t) == [], "a request went out while a step is in doubt or settling"
+    for settle in settles_of(t):
+        step = state.steps[settle.step]
+        assert step.action_class is ActionClass.IRREVERSIBLE
+        assert step.status in ("in_doubt", "running") and step.settling
+    if state.status in ("compensated", "completed"):
+        assert not doubtful and not any(s.settling for s in state.steps)
+        assert not state.awaiting, "a command's answer was never sent"
+    if state.status == "needs_human" and doubtful:
+        assert not doubtful[0].settling
+
+
 def check_invariants(d: Driver, t: Transition, m: Model) -> None:
     check_deadline_and_order(d, t, m)
+    check_doubt(d, t)
     state = d.st
-    busy = [
-        s.index for s in state.steps if s.status == "running" or s.compensation_status == "running"
-    ]
+    busy = [s.index for s in state.steps if s.in_flight]
     assert len(busy) <= 1, f"several actions in flight: {busy}"
     # Rule 1: a saga that is not finished (or waiting for a person) always waits for one outcome
     if state.status in ("running", "compensating"):
@@ -196,10 +223,13 @@ def check_invariants(d: Driver, t: Transition, m: Model) -> None:
         event(t, "saga.compensated")
     if state.status == "needs_human":
         assert state.needs_human_reason
-        assert [s.compensation_status for s in state.steps].count("failed") == 1
-    if state.status in ("compensating", "compensated", "needs_human"):
+        stuck = [s.compensation_status for s in state.steps].count("failed")
+        stuck += [s.status for s in state.steps].count("in_doubt")
+        assert stuck == 1
+    forward_doubt = state.status == "needs_human" and state.paused_from == "running"
+    if state.status in ("compensating", "compensated", "needs_human") and not forward_doubt:
         for s in state.steps:
-            if s.index not in m.landed and s.status != "running":
+            if s.index not in m.landed and s.status not in ("running", "in_doubt"):
                 assert s.compensation_status == "none"
             if s.index in m.landed and s.action_class is ActionClass.IRREVERSIBLE:
                 assert s.compensation_status == "impossible"
@@ -224,6 +254,12 @@ def simulate(seed: int, stats: Counter[str]) -> None:
         state = d.st
         if state.status in ("completed", "compensated", "resolved"):
             break
+        if state.status == "needs_human" and any(s.status == "in_doubt" for s in state.steps):
+            decided = for_a_person(d, m, rng, cooperative, stats)
+            if decided is None:
+                break  # left to a person
+            check_invariants(d, decided, m)
+            continue
         if state.status == "needs_human":
             x = rng.random()
             if not cooperative and x < 0.1:
@@ -258,10 +294,16 @@ def simulate(seed: int, stats: Counter[str]) -> None:
             stats["abort"] += 1
             check_invariants(d, t, m)
             continue
+        if isinstance(req, SettleRequest):
+            t = answer_settle(d, m, req, rng, cooperative, stats)
+            check_invariants(d, t, m)
+            continue
         step = d.step(req.step)
         message: ActionDone | ActionFailed
         if req.phase == "forward":
             x = rng.random()
+            if m.irreversible(req.step) and not cooperative and rng.random() < 0.4:
+                x = p_fail  # an e-mail that times out: its outcome is unknown, half the time
             if cooperative or x >= p_fail + 0.05:
                 message = done_for(req, {f: f"{f}-{req.step}" for f in step.result_fields})
                 m.landed.append(req.step)
@@ -270,11 +312,12 @@ def simulate(seed: int, stats: Counter[str]) -> None:
                 m.landed.append(req.step)
                 m.failed_or_aborted = True
             else:
-                unknown = rng.random() < 0.5
+                unknown = rng.random() < (0.85 if m.irreversible(req.step) else 0.5)
                 message = failed_for(req, "no", effect_unknown=unknown, tries=rng.randint(1, 3))
-                if unknown:
-                    m.landed.append(req.step)
-                m.failed_or_aborted = True
+                if unknown and not m.irreversible(req.step):
+                    m.landed.append(req.step)  # an irreversible one is in doubt: settled first
+                if not (unknown and m.irreversible(req.step)):
+                    m.failed_or_aborted = True
         elif cooperative or rng.random() >= p_comp_fail:
             message = done_for(req, {"undone": True})
             m.undone.add(req.step)
@@ -294,6 +337,85 @@ def simulate(seed: int, stats: Counter[str]) -> None:
         stats["impossible"] += 1
     if final.compensation_priority and d.compensation_requests():
         stats["priority"] += 1
+
+
+def _forward_of(d: Driver, step: int) -> ActionRequest:
+    return next(r for r in reversed(d.requests) if r.step == step and r.phase == "forward")
+
+
+def _settled_one_way(d: Driver, m: Model, step: int, happened: bool) -> None:
+    if happened:
+        m.landed.append(step)
+    elif d.st.status in ("compensating", "compensated"):
+        m.failed_or_aborted = True
+
+
+def answer_settle(
+    d: Driver, m: Model, req: SettleRequest, rng: random.Random, cooperative: bool,
+    stats: Counter[str],
+) -> Transition:  # fmt: skip
+    """The service's answer to a settle, its deadline, or the step's own outcome meanwhile."""
+    step = d.step(req.step)
+    x = rng.random()
+    if step.status == "running" and x < 0.25:  # an abort's settle: the call answers first
+        forward = _forward_of(d, req.step)
+        stats["outcome_while_settling"] += 1
+        if rng.random() < 0.5:
+            t = d.feed(done_for(forward, {}))
+            m.landed.append(req.step)
+        else:
+            t = d.feed(failed_for(forward, "no", effect_unknown=rng.random() < 0.5))
+        return t
+    if cooperative or x < 0.5:
+        verdict = rng.choice(["done", "fenced", "failed"])
+        t = d.settled(verdict, result={} if verdict == "done" else None)  # type: ignore[arg-type]
+        stats["settled_done" if verdict == "done" else "settled_fenced"] += 1
+        _settled_one_way(d, m, req.step, verdict == "done")
+        return t
+    if x < 0.6:
+        stats["settle_running"] += 1
+        return d.settled("running", reason="a live call")
+    if x < 0.75:
+        stats["settle_in_doubt"] += 1
+        return d.settled("in_doubt", reason="no status hook")
+    stats["settle_deadline"] += 1
+    ids = {"saga_id": d.saga_id, "order_id": "order-1"}
+    key = req.idempotency_key
+    return d.feed(DeadlineReached(**ids, step=req.step, phase="settle", idempotency_key=key,
+                                  attempt=req.attempt))  # fmt: skip
+
+
+def for_a_person(
+    d: Driver, m: Model, rng: random.Random, cooperative: bool, stats: Counter[str]
+) -> Transition | None:
+    """A saga stopped on a step in doubt: a late outcome, a person's decision, a resume, a
+    refused attempt by someone who may not settle, or nobody (None)."""
+    step = next(s for s in d.st.steps if s.status == "in_doubt")
+    x = rng.random()
+    if x < 0.15:
+        stats["late_outcome"] += 1
+        t = d.feed(done_for(_forward_of(d, step.index), {}))
+        m.landed.append(step.index)
+        return t
+    if x < 0.3:
+        stats["person_happened"] += 1
+        t = d.settle(step.index, happened=True, version=d.st.version)
+        m.landed.append(step.index)
+        return t
+    if x < 0.45:
+        stats["person_did_not_happen"] += 1
+        return d.settle(step.index, happened=False)  # the service's fence answers it
+    if x < 0.6 or cooperative:
+        stats["resume_doubt"] += 1
+        return d.resume("asked again")
+    if x < 0.8:
+        before = d.state
+        t = d.settle(step.index, happened=True, role="ops", by="ops")
+        assert d.state is not None and before is not None
+        assert d.st.steps == before.steps and requests_of(t) == []
+        stats["ops_refused"] += 1
+        return t
+    return None
 
 
 def at_the_gate(
@@ -336,7 +458,7 @@ def at_the_gate(
 
 def test_rules_hold_over_random_sequences_of_outcomes() -> None:
     stats: Counter[str] = Counter()
-    for seed in range(400):
+    for seed in range(1500):
         simulate(seed, stats)
     # the generator really exercised every path it claims to
     for kind in (
@@ -354,6 +476,17 @@ def test_rules_hold_over_random_sequences_of_outcomes() -> None:
         "agent_refused",
         "reject",
         "gate_timeout",
+        "outcome_while_settling",
+        "settled_done",
+        "settled_fenced",
+        "settle_running",
+        "settle_in_doubt",
+        "settle_deadline",
+        "late_outcome",
+        "person_happened",
+        "person_did_not_happen",
+        "resume_doubt",
+        "ops_refused",
     ):
         assert stats[kind] >= 5, (kind, stats)
 

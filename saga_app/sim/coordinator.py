@@ -1,0 +1,217 @@
+"""A coordinator process in the simulation: the product's own gatekeeper, processor, dead-letter
+judge and delivery rules (``shared.delivery``) over the simulated broker and the in-memory store
+(``saga_app.sim.store``), as ``saga_coordinator.coordinator`` runs them over RabbitMQ and
+Postgres. What differs is only the I/O: each partition's deliveries are handled one at a time in
+arrival order with a prefetch above one (so a message that fails has later ones of its order in
+hand, as the real consumer has), the outbox rows of a transaction are published right after its
+commit and deleted once confirmed, a relay republishes rows left behind, a timer fires
+deadlines, and dead letters are judged, stored and block their orders."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, cast
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from saga_app.sim.bus import SimBus
+from saga_app.sim.messages import FakeDelivery
+from saga_coordinator.dead_letters import DeadLetterIngester, applied_elsewhere, read_death
+from saga_coordinator.gatekeeper import Gatekeeper, stamped
+from saga_coordinator.memory import MemoryTx
+from saga_coordinator.processor import Processor
+from saga_coordinator.rows import OutboxRow
+from saga_coordinator.store import Store
+from shared import trust
+from shared.bus import Bus
+from shared.codec import PARTITION, check_order_header, decode_incoming, identify_incoming
+from shared.delivery import Outcome, deliver
+from shared.errors import InvalidMessage
+from shared.messages import DeskCommand, PartitionMessage, QuerySaga
+from shared.topology import partition_of
+from shared.trust import Forged
+
+if TYPE_CHECKING:
+    from saga_app.sim.world import World
+
+PREFETCH = 8
+RELAY_POLL_S, RELAY_STALE_S, DEADLINE_POLL_S = 1.0, 3.0, 0.25
+
+
+class CoordinatorProcess:
+    def __init__(self, world: World, index: int) -> None:
+        self.world = world
+        self.index = index
+        self.name = f"coordinator-{index}"
+        self.tasks: list[asyncio.Task[None]] = []
+        self.alive = False
+
+    def start(self) -> None:
+        w = self.world
+        self.connection = w.broker.connect(user=w.users.coordinator, name=self.name)
+        self.bus = SimBus(self.connection, w.topology, w.settings)
+        self.processor = Processor(w.catalog, w.topology)
+        self.gate = Gatekeeper(w.settings, w.catalog, cast(Bus, self.bus),
+                               cast(Store, w.records))  # fmt: skip
+        self.judge = DeadLetterIngester(w.settings, cast(Bus, self.bus), cast(Store, None))
+        self.alive = True
+        for p in range(w.settings.partitions):
+            inbox: asyncio.Queue[FakeDelivery] = asyncio.Queue()
+            self.connection.consume(w.topology.partition_queue(p), inbox.put, prefetch=PREFETCH)
+            self._spawn(self._partition(p, inbox))
+        letters: asyncio.Queue[FakeDelivery] = asyncio.Queue()
+        self.connection.consume(w.topology.dead_letter_queue, letters.put, prefetch=1)
+        self._spawn(self._dead_letters(letters))
+        self._spawn(self._timer())
+        self._spawn(self._relay())
+        w.note(self.name, "started")
+
+    def _spawn(self, work: Any) -> None:
+        self.tasks.append(asyncio.ensure_future(work))
+
+    def stop(self, why: str) -> None:
+        """A crash (or a stop: the broker sees the same): what it held goes back."""
+        if not self.alive:
+            return
+        self.alive = False
+        for task in self.tasks:
+            task.cancel()
+        self.tasks = []
+        self.connection.close(why)
+        self.world.note(self.name, why)
+
+    # --- the partitions ---------------------------------------------------------------------
+
+    async def _partition(self, p: int, inbox: asyncio.Queue[FakeDelivery]) -> None:
+        handle = functools.partial(self.handle, partition=p)
+        while True:
+            delivery = await inbox.get()
+            await deliver(delivery, handle, on_failure=self._on_failure)
+
+    async def handle(self, delivery: AbstractIncomingMessage, *, partition: int) -> None:
+        w = self.world
+        if delivery.exchange == w.topology.commands_exchange:
+            examined = await self.gate.examine(delivery, partition=partition)
+            if examined is None:
+                return  # refused: recorded and answered
+            command, plan = examined
+            if isinstance(command, QuerySaga):
+                await self.gate.answer(command)
+                return
+            assert not isinstance(command, DeskCommand)
+            message: PartitionMessage = stamped(command)
+            if plan is not None:
+                self.processor.plans[id(message)] = plan
+        else:
+            message = decode_incoming(delivery, PARTITION, w.settings.max_message_bytes)
+            check_order_header(delivery, message.order_id)
+            if partition_of(message.order_id, w.settings.partitions) != partition:
+                raise InvalidMessage(f"order {message.order_id} is not routed to {partition}")
+            trust.partition_message(w.directory, message, delivery.user_id)
+        try:
+            w.sabotage(message)  # an injected bug: this message fails for a while
+            await self._apply([message])
+        finally:
+            self.processor.plans.pop(id(message), None)
+
+    async def _apply(self, messages: Sequence[PartitionMessage]) -> None:
+        w = self.world
+        now = w.now()
+        notes, sent = await w.store.run_held(
+            lambda tx: self.processor.handle_batch(tx, messages, now)
+        )
+        for message, note in zip(messages, notes, strict=True):
+            w.handled(self.name, message, note)
+        await w.crash_point(self, "coordinator.after_commit")
+        await self._publish(sent)
+        await w.crash_point(self, "coordinator.after_publish")
+
+    async def _on_failure(
+        self, delivery: AbstractIncomingMessage, error: BaseException, outcome: Outcome
+    ) -> None:
+        """``shared.failures.failure_recorder``'s rule: a valid message that failed and will
+        be retried blocks its order, so later ones in hand wait behind it; with the database
+        away the block's write is held and retried, never skipped."""
+        ident = identify_incoming(delivery)
+        self.world.note(self.name, f"{ident.message_type} {ident.message_id} failed: "
+                        f"{type(error).__name__}: {error} -> {outcome.value}")  # fmt: skip
+        if outcome is not Outcome.RETRY or ident.order_id is None:
+            return
+        key = await self._block_key(delivery) or ident.message_id
+        order, text = ident.order_id, f"{type(error).__name__}: {error}"
+        await self.world.store.run_held(lambda tx: tx.block(order, key, "retrying", text))
+
+    async def _block_key(self, delivery: AbstractIncomingMessage) -> str | None:
+        if delivery.exchange != self.world.topology.commands_exchange:
+            return None
+        ident = identify_incoming(delivery)
+        try:
+            sender = await self.gate.sender(delivery, ident)
+        except Forged:
+            return None
+        return trust.forwarded_id(sender or "", ident.message_id)
+
+    # --- publishing what committed ------------------------------------------------------------
+
+    async def _publish(self, sent: Sequence[tuple[int, OutboxRow]]) -> None:
+        """The rows of a commit, in order; each deleted once confirmed. One the broker did not
+        confirm stays for the relay."""
+        if not sent:
+            return
+        items = [(row.exchange, row.routing_key, row.amqp()) for _, row in sent]
+        errors = await self.bus.publish_many(items)
+        done = [i for (i, _), error in zip(sent, errors, strict=True) if error is None]
+        self.world.store.forget(done)
+
+    async def _relay(self) -> None:
+        """Rows nobody published (a crash between commit and publish, a broker away): the
+        first live coordinator publishes them, in id order."""
+        w = self.world
+        while True:
+            await asyncio.sleep(RELAY_POLL_S)
+            if w.first_coordinator() is self:
+                await self._publish(w.store.stale(RELAY_STALE_S))
+
+    async def _timer(self) -> None:
+        w = self.world
+        while True:
+            await asyncio.sleep(DEADLINE_POLL_S)
+            if w.first_coordinator() is not self or w.store.down():
+                continue
+            _, sent = await w.store.run_held(self._fire)
+            await self._publish(sent)
+
+    async def _fire(self, tx: MemoryTx) -> None:
+        topology = self.world.topology
+        for message in tx.fire_due(self.world.now()):
+            key = topology.partition_key(message.order_id)
+            tx.outbox([OutboxRow.of(topology.partitions_exchange, key, message)])
+
+    # --- dead letters -------------------------------------------------------------------------
+
+    async def _dead_letters(self, letters: asyncio.Queue[FakeDelivery]) -> None:
+        while True:
+            delivery = await letters.get()
+            await deliver(delivery, self._bury)
+
+    async def _bury(self, delivery: AbstractIncomingMessage) -> None:
+        """Judged as the product's ingester judges it; stored; a valid message from its
+        rightful sender blocks its order until an operator replays it."""
+        w = self.world
+        ident = identify_incoming(delivery)
+        death = read_death(dict(delivery.headers or {}), w.now())
+        box: list[Any] = []
+
+        async def judge(tx: MemoryTx) -> None:
+            judged = await self.judge.judge(cast(Any, tx), delivery, ident, death, delivery.user_id)
+            if await applied_elsewhere(cast(Any, tx), judged, self.processor.release, w.now()):
+                judged = replace(judged, blocks=False)
+            box.append(judged)
+            if judged.blocks and judged.order_id and judged.block_key:
+                await tx.block(judged.order_id, judged.block_key, "dead", judged.reason)
+
+        await w.store.run_held(judge)
+        w.bury(delivery, death, box[0])
