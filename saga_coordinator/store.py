@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
-from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from saga_coordinator import guarded
 from saga_coordinator.cache import RegisterCache
@@ -27,9 +26,8 @@ from saga_coordinator.writes import Writes, columns, order_row
 from shared.codec import Identity, peek
 from shared.errors import RetryLater
 from shared.failures import Q as FQ
-from shared.loop import stop_after_s
 from shared.messages import CommandReply, Envelope
-from shared.sql import TRANSIENT_DB_ERRORS, Queries, is_transient
+from shared.sql import TRANSIENT_DB_ERRORS, Queries, holding, is_transient
 from shared.text import clean
 
 if TYPE_CHECKING:
@@ -325,14 +323,8 @@ class Store:
             if not is_transient(exc):
                 raise
             log.warning("database: %r; retrying for up to %gs", exc, self._db_retry_s)
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(is_transient),
-            wait=wait_exponential(multiplier=0.05, max=2.0),
-            stop=stop_after_s(self._db_retry_s),
-            reraise=True,
-        )
         try:
-            async for trial in retrying:
+            async for trial in holding(self._db_retry_s):
                 with trial:
                     return await attempt()
         except TRANSIENT_DB_ERRORS as exc:

@@ -26,12 +26,7 @@ import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 from opentelemetry import trace
 from pydantic import Field, TypeAdapter
-from tenacity import (
-    AsyncRetrying,
-    before_sleep_log,
-    retry_if_exception,
-    wait_exponential,
-)
+from tenacity import before_sleep_log
 
 from services import settling
 from services.calls import Calls, Outcome
@@ -52,10 +47,9 @@ from shared.failures import failure_recorder
 from shared.identity import Directory
 from shared.ids import random_id
 from shared.linger import Linger
-from shared.loop import stop_after_s
 from shared.messages import ActionDone, ActionFailed, ActionRequest, ActionSettled, SettleRequest
 from shared.patience import publish_in_hand
-from shared.sql import TRANSIENT_DB_ERRORS, is_transient
+from shared.sql import TRANSIENT_DB_ERRORS, holding, is_transient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -290,15 +284,9 @@ class Adapter:
         """While the database is away the message is held and ``work`` retried for
         ``db_retry_s``: an immediate requeue would burn the delivery count in milliseconds and
         dead-letter a perfectly good request during a database restart."""
-        holding = AsyncRetrying(
-            retry=retry_if_exception(is_transient),
-            wait=wait_exponential(multiplier=0.05, max=2.0),
-            stop=stop_after_s(self.db_retry_s),
-            before_sleep=before_sleep_log(log, logging.WARNING),
-            reraise=True,
-        )
+        warned = before_sleep_log(log, logging.WARNING)
         try:
-            async for attempt in holding:
+            async for attempt in holding(self.db_retry_s, before_sleep=warned):
                 with attempt:
                     return await work()
         except TRANSIENT_DB_ERRORS as exc:

@@ -8,13 +8,11 @@ from pathlib import Path
 
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
-from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
 
 from shared.codec import identify_incoming
 from shared.delivery import FailureHook, Outcome
 from shared.errors import InvalidMessage, RetryLater
-from shared.loop import stop_after_s
-from shared.sql import Queries, is_transient
+from shared.sql import Queries, holding
 from shared.text import clean
 
 Q = Queries(Path(__file__).with_name("sql") / "failures.sql")
@@ -62,11 +60,7 @@ def failure_recorder(
         if not blocks:
             await record()
             return
-        holding = AsyncRetrying(
-            retry=retry_if_exception(is_transient), wait=wait_exponential(multiplier=0.05, max=2),
-            stop=stop_after_s(hold_s), reraise=True,
-        )  # fmt: skip
-        async for attempt in holding:
+        async for attempt in holding(hold_s):
             with attempt:
                 await record()
 

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import asyncpg
+from tenacity import AsyncRetrying, retry_if_exception, wait_exponential
+
+from shared.loop import stop_after_s
 
 # Errors after which the same transaction may well succeed: the database is restarting, shutting
 # down or unreachable, out of connections, or two transactions collided.
@@ -34,6 +39,15 @@ VALUE_ERRORS: tuple[type[BaseException], ...] = (
 
 def is_transient(error: BaseException) -> bool:
     return isinstance(error, TRANSIENT_DB_ERRORS) and not isinstance(error, VALUE_ERRORS)
+
+
+def holding(hold_s: float, *, before_sleep: Callable[[Any], Any] | None = None) -> AsyncRetrying:
+    """The hold while the database is away: tried again with backoff, for ``hold_s`` on the
+    loop's clock, the last error raised. Made where the holding starts."""
+    return AsyncRetrying(
+        retry=retry_if_exception(is_transient), wait=wait_exponential(multiplier=0.05, max=2.0),
+        stop=stop_after_s(hold_s), before_sleep=before_sleep, reraise=True,
+    )  # fmt: skip
 
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)

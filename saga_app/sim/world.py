@@ -22,7 +22,7 @@ from saga_app.sim.agents import Sender
 from saga_app.sim.broker import Broker, BrokerConfig
 from saga_app.sim.coordinator import CoordinatorProcess
 from saga_app.sim.loop import now as virtual_now
-from saga_app.sim.plan import Plan, SagaPlan
+from saga_app.sim.plan import Plan
 from saga_app.sim.store import SimStore
 from saga_app.sim.systems import Gateway, sim_catalog, sms_service
 from saga_coordinator.dead_letters import Death, Judgement
@@ -261,6 +261,3 @@ class World:
 
     def saga(self, saga_id: str) -> SagaState | None:
         return self.store.memory.get(saga_id)
-
-    def sagas_of(self, plan: SagaPlan) -> SagaState | None:
-        return self.saga(plan.saga_id)
