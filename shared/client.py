@@ -372,7 +372,9 @@ class SagaClient:
     async def _reached(self, saga_id: str, order_id: str) -> SagaEvent | None:
         query = QuerySaga(saga_id=saga_id, order_id=order_id, reply_to=self._reply_to())
         try:
-            reply = await self._courier.request(query, self.answer_within_s, traced=False)
+            reply = await self._courier.request(
+                query, self.answer_within_s, person=self._person, traced=False
+            )
         except (NotAnswered, BrokerUnreachable):
             return None  # no answer: its events will tell
         return reached(reply, TERMINAL_EVENTS)
