@@ -26,8 +26,8 @@ from benchmarks.harness import (
     sagas_for,
 )
 from benchmarks.report import Findings, PeerRun, write
-from shared import loop
-from shared.config import Settings
+from saga_shared import loop
+from saga_shared.config import Settings
 
 
 def _line(r: Result) -> str:

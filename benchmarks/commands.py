@@ -20,10 +20,10 @@ from pydantic import JsonValue
 
 from benchmarks.harness import SETTLE_S, _fresh, _start_processes, _stop
 from benchmarks.load import new_run_id
-from shared.bus import Bus
-from shared.codec import message_to_amqp
-from shared.config import Settings
-from shared.messages import Gate, Plan, PlanStep, StartSaga
+from saga_shared.config import Settings
+from saga_shared.model.messages import Gate, Plan, PlanStep, StartSaga
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import message_to_amqp
 
 GATED = Plan(steps=(PlanStep(action="inventory.reserve_stock", gate=Gate()),))
 CHUNK = 500  # publishes in one confirm round

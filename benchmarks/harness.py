@@ -20,10 +20,10 @@ import asyncpg
 
 from benchmarks.load import Mix, inject_faults, new_run_id, run_load
 from benchmarks.profile import Profile, record
-from shared.bus import Bus
-from shared.config import Settings
-from shared.migrations import drop_database, migrate
-from shared.sql import Queries
+from saga_shared.config import Settings
+from saga_shared.storage.migrations import drop_database, migrate
+from saga_shared.storage.sql import Queries
+from saga_shared.transport.bus import Bus
 
 Q = Queries(Path(__file__).with_name("harness.sql"))
 SETTLE_S = 3.0  # the processes connect and subscribe

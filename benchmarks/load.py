@@ -13,10 +13,10 @@ import asyncpg
 from aio_pika.abc import AbstractIncomingMessage, ExchangeType
 from pydantic import BaseModel, JsonValue, TypeAdapter
 
-from services.faults import add_fault
-from shared.bus import Bus
-from shared.config import Settings
-from shared.messages import StartSaga
+from saga_services.faults import add_fault
+from saga_shared.config import Settings
+from saga_shared.model.messages import StartSaga
+from saga_shared.transport.bus import Bus
 
 Mix = Literal["mixed", "refund"]
 MIXES: tuple[Mix, ...] = ("mixed", "refund")

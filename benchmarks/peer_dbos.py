@@ -26,17 +26,17 @@ from dbos import DBOS, SetWorkflowID
 from pydantic import JsonValue
 
 from benchmarks.harness import cpu_seconds, pids_named, total_outcomes
-from services.errors import Permanent, Transient
-from services.faults import add_fault
-from services.registry import SYSTEMS
-from services.simulated import Simulated
-from shared import loop
-from shared.catalog import ActionClass, service_of
-from shared.config import Settings
-from shared.gateway import load_catalog
-from shared.messages import ActionRequest, Phase
-from shared.migrations import drop_database, migrate
-from shared.sql import create_pool
+from saga_services.errors import Permanent, Transient
+from saga_services.faults import add_fault
+from saga_services.registry import SYSTEMS
+from saga_services.simulated import Simulated
+from saga_shared import loop
+from saga_shared.config import Settings
+from saga_shared.model.catalog import ActionClass, service_of
+from saga_shared.model.gateway import load_catalog
+from saga_shared.model.messages import ActionRequest, Phase
+from saga_shared.storage.migrations import drop_database, migrate
+from saga_shared.storage.sql import create_pool
 
 # The catalog our stack's processes load, so both run the same steps, timeouts and compensations.
 CATALOG = load_catalog(Settings.from_env().catalog_file)

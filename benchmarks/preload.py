@@ -32,14 +32,14 @@ from pydantic import JsonValue
 from benchmarks.load import command
 from saga_coordinator.machine import decide
 from saga_coordinator.register import TERMINAL, SagaState
-from services.errors import Permanent
-from services.outcome import Done, build_outcome
-from shared.catalog import Catalog, service_of
-from shared.config import Settings
-from shared.gateway import load_catalog
-from shared.messages import ActionDone, ActionFailed, ActionRequest, StartSaga
-from shared.migrations import drop_database, migrate
-from shared.sql import Queries
+from saga_services.errors import Permanent
+from saga_services.outcome import Done, build_outcome
+from saga_shared.config import Settings
+from saga_shared.model.catalog import Catalog, service_of
+from saga_shared.model.gateway import load_catalog
+from saga_shared.model.messages import ActionDone, ActionFailed, ActionRequest, StartSaga
+from saga_shared.storage.migrations import drop_database, migrate
+from saga_shared.storage.sql import Queries
 
 log = logging.getLogger("benchmarks.preload")
 Q = Queries(Path(__file__).with_name("preload.sql"))

@@ -1,4 +1,4 @@
--- Named queries of the preload (benchmarks/preload.py), loaded by shared.sql.Queries.
+-- Named queries of the preload (benchmarks/preload.py), loaded by saga_shared.storage.sql.Queries.
 --
 -- Python runs the pure state machine once per kind of saga and loads what one run leaves behind
 -- into temporary tables: the final register, the messages handled, the calls to the simulated

@@ -31,10 +31,10 @@ from urllib.parse import urlsplit
 
 from benchmarks.harness import SETTLE_S, _fresh, _start_processes, _stop
 from benchmarks.load import inject_faults, new_run_id, run_load
-from shared import loop
-from shared.addresses import one_per_host
-from shared.config import Settings
-from shared.errors import ConfigError
+from saga_shared import loop
+from saga_shared.addresses import one_per_host
+from saga_shared.config import Settings
+from saga_shared.errors import ConfigError
 
 BROKER, DATABASE = "broker", "database"
 CONTENT = 100  # bytes: a publish or a delivery carries a message; acks and confirms are ~21

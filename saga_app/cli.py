@@ -50,25 +50,27 @@ from saga_app.cli_support import (
 )
 from saga_app.console.settings import ConsoleSettings
 from saga_app.demo import run_demo
+from saga_app.entry import version
 from saga_app.output import dump
 from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
-from shared import logs, metrics, tracing
-from shared.bus import Bus
-from shared.client import NotAnswered, SagaClient
-from shared.config import Settings
-from shared.errors import SagaError
-from shared.gateway import load_catalog
-from shared.identity import Directory, database_url_for
-from shared.ids import random_id
-from shared.messages import Plan, PlanStep
-from shared.migrations import migrate as run_migrations
-from shared.migrations import pending
+from saga_shared.client import NotAnswered, SagaClient
+from saga_shared.config import Settings
+from saga_shared.errors import SagaError
+from saga_shared.model.gateway import load_catalog
+from saga_shared.model.ids import random_id
+from saga_shared.model.messages import Plan, PlanStep
+from saga_shared.observability import logs, metrics, tracing
+from saga_shared.security.identity import Directory, database_url_for
+from saga_shared.storage.migrations import migrate as run_migrations
+from saga_shared.storage.migrations import pending
+from saga_shared.transport.bus import Bus
 
 
 @click.group(
     cls=SagaGroup, context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
 )
+@click.version_option(version(), prog_name="saga")
 @click.option("--amqp-url", envvar="SAGA_AMQP_URL", help="RabbitMQ URL [env SAGA_AMQP_URL]")
 @click.option("--database-url", envvar="SAGA_DATABASE_URL", help="Postgres [SAGA_DATABASE_URL]")
 @click.option("--namespace", envvar="SAGA_NAMESPACE", help="Queue prefix [SAGA_NAMESPACE]")
@@ -111,7 +113,7 @@ def run(ctx: click.Context, components: tuple[str, ...], demo: bool) -> None:
     A component is one of: all, coordinator, inventory, erp, payments, email, payments-http
     (payments through the HTTP API), payments-api (that API), console (the operators' web
     console; with all, it runs when SAGA_CONSOLE_USERS names an accounts file); or a service
-    of your own, as package.module:attribute (a services.sdk.Service)."""
+    of your own, as package.module:attribute (a saga_services.sdk.Service)."""
     settings = settings_of(ctx)
     run_async(_serve(settings, components or ("all",), demo))
 

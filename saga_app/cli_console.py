@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from saga_app.console.accounts import ROLES, with_account
-from shared.errors import ConfigError
+from saga_shared.errors import ConfigError
 
 
 @click.command("console-user")

@@ -13,12 +13,12 @@ from pydantic import Field, TypeAdapter
 
 from saga_app.cli_support import cli_bus, run_async, settings_of
 from saga_app.output import json_line
-from shared.codec import decode
-from shared.config import Settings
-from shared.contract import export
-from shared.errors import InvalidMessage
-from shared.messages import Alert, SagaEvent
-from shared.text import clean
+from saga_shared.config import Settings
+from saga_shared.errors import InvalidMessage
+from saga_shared.model.messages import Alert, SagaEvent
+from saga_shared.model.text import clean
+from saga_shared.transport.codec import decode
+from saga_shared.transport.contract import export
 
 _EVENT: TypeAdapter[SagaEvent | Alert] = TypeAdapter(
     Annotated[SagaEvent | Alert, Field(discriminator="type")]

@@ -28,8 +28,8 @@ from saga_app.cli_support import (
 from saga_app.output import dump
 from saga_coordinator.register import SagaState
 from saga_coordinator.report import render_register
-from shared.client import NotAnswered, SagaClient
-from shared.config import Settings
+from saga_shared.client import NotAnswered, SagaClient
+from saga_shared.config import Settings
 
 # Sends the decision: the client, the register as read, how long the answer may take.
 Send = Callable[[SagaClient, SagaState, float], Awaitable[None]]

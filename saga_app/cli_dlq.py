@@ -23,12 +23,12 @@ from saga_app.output import dump, table
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.processor import Processor
 from saga_coordinator.store import Store
-from shared.client import NotAnswered, SagaClient
-from shared.config import Settings
-from shared.gateway import load_catalog
-from shared.messages import DeskReply
-from shared.text import clean
-from shared.topology import Topology
+from saga_shared.client import NotAnswered, SagaClient
+from saga_shared.config import Settings
+from saga_shared.model.gateway import load_catalog
+from saga_shared.model.messages import DeskReply
+from saga_shared.model.text import clean
+from saga_shared.transport.topology import Topology
 
 
 def parse_since(text: str | None) -> datetime | None:

@@ -14,10 +14,10 @@ from aiormq.exceptions import AMQPError
 
 from saga_app.cli_support import run_async, settings_of
 from saga_app.mcp_tools import agent_bus, build_server, connected
-from shared.catalog import Catalog
-from shared.config import Settings, parse_bind
-from shared.errors import ConfigError
-from shared.gateway import load_catalog
+from saga_shared.config import Settings, parse_bind
+from saga_shared.errors import ConfigError
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.gateway import load_catalog
 
 
 async def _reachable(settings: Settings, catalog: Catalog) -> None:

@@ -1,4 +1,4 @@
-"""``saga new adapter NAME``: scaffold a service of one's own (see ``services.scaffold``)."""
+"""``saga new adapter NAME``: scaffold a service of one's own (see ``saga_services.scaffold``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from saga_app.output import dump
-from services.scaffold import new_adapter
-from shared.errors import SagaError
+from saga_services.scaffold import new_adapter
+from saga_shared.errors import SagaError
 
 
 @click.group()

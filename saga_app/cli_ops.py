@@ -6,9 +6,9 @@ import click
 
 from saga_app.cli_support import run_async, settings_of, with_pool
 from saga_app.output import dump, table, warning
-from services import faults as fault_store
-from services.effects import applied_twice, effect_tables, effects_for_order
-from shared.text import clean
+from saga_services import faults as fault_store
+from saga_services.effects import applied_twice, effect_tables, effects_for_order
+from saga_shared.model.text import clean
 
 
 @click.group()

@@ -17,7 +17,7 @@ from saga_coordinator.incident import incident, render_markdown
 from saga_coordinator.register import SagaState, SagaStatus
 from saga_coordinator.report import render_register
 from saga_coordinator.store import Store
-from shared.text import clean
+from saga_shared.model.text import clean
 
 
 @click.command()

@@ -1,6 +1,6 @@
 """``saga setup``: roles on the broker and in Postgres, the topology, the schema. The only
-command that needs administrator rights; everything it makes is listed in the README's
-permission table."""
+command that needs administrator rights; everything it makes is listed in the permission
+table of docs/explanation/trust.md."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from saga_coordinator.provision import (
     setup_database,
 )
 from saga_coordinator.tls import make_development_ca
-from shared.errors import SagaError
+from saga_shared.errors import SagaError
 
 _HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9*]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9-]+)*$")
 

@@ -16,14 +16,14 @@ from pydantic import ValidationError
 
 from saga_app.output import dump
 from saga_coordinator.store import Store
-from shared import loop
-from shared.bus import Bus
-from shared.client import BrokerUnreachable, CommandRejected, NotAnswered
-from shared.codec import describe
-from shared.config import Settings, masked
-from shared.errors import SagaError
-from shared.identity import Directory, database_url_for
-from shared.text import clean
+from saga_shared import loop
+from saga_shared.client import BrokerUnreachable, CommandRejected, NotAnswered
+from saga_shared.config import Settings, masked
+from saga_shared.errors import SagaError
+from saga_shared.model.text import clean
+from saga_shared.security.identity import Directory, database_url_for
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import describe
 
 T = TypeVar("T")
 EXIT_REFUSED = 2

@@ -11,11 +11,11 @@ import asyncpg
 from saga_coordinator.register import SagaState
 from saga_coordinator.report import render_register
 from saga_coordinator.store import Store
-from services.faults import add_fault
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
-from shared.identity import Directory, database_url_for
+from saga_services.faults import add_fault
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.security.identity import Directory, database_url_for
+from saga_shared.transport.bus import Bus
 
 
 @dataclass(frozen=True)

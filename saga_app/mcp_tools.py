@@ -21,15 +21,15 @@ from pydantic_core import to_jsonable_python
 
 from saga_coordinator.incident import incident, render_markdown
 from saga_coordinator.register import SagaState
-from shared.bus import Bus
-from shared.catalog import ActionClass, Catalog
-from shared.client import CommandRejected, SagaClient
-from shared.codec import check_shape
-from shared.config import Settings
-from shared.errors import InvalidMessage, PlanRejected
-from shared.gateway import admit
-from shared.identity import Directory
-from shared.messages import Gate, Plan, PlanStep, StartSaga
+from saga_shared.client import CommandRejected, SagaClient
+from saga_shared.config import Settings
+from saga_shared.errors import InvalidMessage, PlanRejected
+from saga_shared.model.catalog import ActionClass, Catalog
+from saga_shared.model.gateway import admit
+from saga_shared.model.messages import Gate, Plan, PlanStep, StartSaga
+from saga_shared.security.identity import Directory
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import check_shape
 
 MAX_WAIT_S = 300.0
 # What each class means for the one who runs it: the model reads this before it acts.

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from shared.text import clean
+from saga_shared.model.text import clean
 
 # Only a line of dashes under the head: what `awk`, `cut` and `column` read without surprise.
 PLAIN = box.Box("    \n    \n -  \n    \n    \n    \n    \n    \n", ascii=True)

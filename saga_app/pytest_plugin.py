@@ -36,9 +36,10 @@ import pytest
 
 from saga_app.sim import loop
 from saga_app.simkit import SagaHarness, Simulation, on_the_real_stack
-from services.sdk import Service
-from shared.ids import seeded
-from shared.messages import stamped_by
+from saga_services.sdk import Service
+from saga_shared.config import Settings
+from saga_shared.model.ids import seeded
+from saga_shared.model.messages import stamped_by
 
 T = TypeVar("T")
 Scenario = Callable[[Any], Awaitable[T]]
@@ -74,8 +75,7 @@ class Sagas:
 @pytest.fixture
 def saga_catalog() -> Path:
     """Override with your catalog's path (default: ``SAGA_CATALOG_PATH``, else the shipped)."""
-    shipped = Path(__file__).resolve().parents[1] / "shared" / "catalog.toml"
-    return Path(os.environ.get("SAGA_CATALOG_PATH") or shipped)
+    return Path(os.environ.get("SAGA_CATALOG_PATH") or Settings().catalog_file)
 
 
 @pytest.fixture

@@ -36,14 +36,14 @@ from saga_app.sim.plan import Fault, Plan
 from saga_app.sim.scripts import fault
 from saga_app.sim.world import World
 from saga_coordinator.register import SagaState
-from services.errors import Permanent, Transient
-from services.registry import SYSTEMS
-from services.sdk import Service
-from shared.catalog import Catalog
-from shared.client import CommandRejected
-from shared.gateway import load_catalog
-from shared.ids import random_id
-from shared.messages import (
+from saga_services.errors import Permanent, Transient
+from saga_services.registry import SYSTEMS
+from saga_services.sdk import Service
+from saga_shared.client import CommandRejected
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.gateway import load_catalog
+from saga_shared.model.ids import random_id
+from saga_shared.model.messages import (
     AbortSaga,
     ApproveSaga,
     CommandReply,

@@ -15,14 +15,14 @@ import aio_pika
 from saga_app.simkit import FaultMode, Statuses, _Faults, _gate, _until, _where, served
 from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
-from services.sdk import Service
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
-from shared.gateway import load_catalog
-from shared.ids import random_id
-from shared.messages import CommandReply, SagaEvent
-from shared.migrations import migrate
+from saga_services.sdk import Service
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.model.gateway import load_catalog
+from saga_shared.model.ids import random_id
+from saga_shared.model.messages import CommandReply, SagaEvent
+from saga_shared.storage.migrations import migrate
+from saga_shared.transport.bus import Bus
 
 
 class RealStack:

@@ -21,18 +21,18 @@ from saga_coordinator.intake import Intake
 from saga_coordinator.relay import Relay
 from saga_coordinator.store import Store
 from saga_coordinator.timer import DeadlineTimer
-from services.adapter import Adapter
-from services.payments_http.api import bound_socket
-from services.payments_http.api import serve as serve_payments_api
-from services.registry import SYSTEMS, VARIANTS, load_service
-from services.sdk import Service
-from shared.bus import Bus
-from shared.catalog import Catalog
-from shared.config import Settings
-from shared.errors import ConfigError
-from shared.gateway import load_catalog
-from shared.identity import Component, Directory, check_connects_as, database_url_for
-from shared.sql import create_pool
+from saga_services.adapter import Adapter
+from saga_services.payments_http.api import bound_socket
+from saga_services.payments_http.api import serve as serve_payments_api
+from saga_services.registry import SYSTEMS, VARIANTS, load_service
+from saga_services.sdk import Service
+from saga_shared.config import Settings
+from saga_shared.errors import ConfigError
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.gateway import load_catalog
+from saga_shared.security.identity import Component, Directory, check_connects_as, database_url_for
+from saga_shared.storage.sql import create_pool
+from saga_shared.transport.bus import Bus
 
 log = logging.getLogger(__name__)
 # Besides these, a component may be a service of one's own, as ``package.module:attribute``.

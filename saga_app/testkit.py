@@ -6,14 +6,13 @@
         assert kit.status(saga_id) == "compensated"
         await kit.advance(60)  # a fake clock: step deadlines and gate time-outs fire
 
-The kit runs the coordinator's own processor (convoy, state machine, deadlines, hand-over)
-over the in-memory store (``saga_coordinator.memory``), and the adapter framework
-(``services.adapter``: parameter checks, retries, outcomes) around your functions, called
-in-process; messages travel through the in-memory bus (``shared.memory_bus``), both twins held
-to the real ones' contracts. They are delivered in publish order, one at a time, until nothing
-is left; retries do not wait. What it does not have is a broker's failures: no redeliveries,
-dead letters or consumer restarts (the integration tests cover those).
-"""
+The kit runs the coordinator's own processor (convoy, state machine, deadlines, hand-over) over the
+in-memory store (``saga_coordinator.memory``), and the adapter framework (``saga_services.adapter``:
+parameter checks, retries, outcomes) around your functions, called in-process; messages travel
+through the in-memory bus (``saga_shared.transport.memory_bus``), both twins held to the real ones'
+contracts. They are delivered in publish order, one at a time, until nothing is left; retries do not
+wait. What it does not have is a broker's failures: no redeliveries, dead letters or consumer
+restarts (the integration tests cover those)."""
 
 from __future__ import annotations
 
@@ -33,18 +32,16 @@ from saga_coordinator.gatekeeper import stamped
 from saga_coordinator.memory import MemoryStore
 from saga_coordinator.processor import Processor
 from saga_coordinator.register import SagaState
-from services.adapter import Adapter
-from services.errors import Permanent, Transient
-from services.keys import MemoryKeys
-from services.sdk import Result, Service
-from shared.catalog import Catalog, service_of
-from shared.client import CommandRejected
-from shared.codec import PARTITION
-from shared.config import Settings
-from shared.errors import PlanRejected
-from shared.gateway import admit, load_catalog
-from shared.memory_bus import MemoryBus
-from shared.messages import (
+from saga_services.adapter import Adapter
+from saga_services.errors import Permanent, Transient
+from saga_services.keys import MemoryKeys
+from saga_services.sdk import Result, Service
+from saga_shared.client import CommandRejected
+from saga_shared.config import Settings
+from saga_shared.errors import PlanRejected
+from saga_shared.model.catalog import Catalog, service_of
+from saga_shared.model.gateway import admit, load_catalog
+from saga_shared.model.messages import (
     AbortSaga,
     ActionRequest,
     AnyCommand,
@@ -60,7 +57,9 @@ from shared.messages import (
     SettleRequest,
     StartSaga,
 )
-from shared.topology import Topology
+from saga_shared.transport.codec import PARTITION
+from saga_shared.transport.memory_bus import MemoryBus
+from saga_shared.transport.topology import Topology
 
 FaultMode = Literal["permanent", "transient", "hang"]
 REPLIES, EVENTS = "kit.replies", "kit.events"  # the kit's own queues, as a client's

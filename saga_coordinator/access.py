@@ -1,8 +1,9 @@
 """Who may do what on the broker: one user per role with the narrowest permissions, written as
 RabbitMQ definitions (users, a vhost, permissions, topic permissions).
 
-``grants`` is the permission table (pure; the README prints it). ``definitions`` turns it into
-the JSON RabbitMQ imports: with ``rabbitmqctl import_definitions`` on the broker's machine, with
+``grants`` is the permission table (pure; docs/explanation/trust.md prints it).
+``definitions`` turns it into the JSON RabbitMQ imports: with ``rabbitmqctl
+import_definitions`` on the broker's machine, with
 the management API's ``POST /api/definitions``, or as a file the broker loads at boot
 (``load_definitions``, which is how docker compose uses it). Importing merges: running the set-up
 again changes passwords and permissions to what they should be and creates what is missing.
@@ -24,12 +25,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from shared.config import Settings
-from shared.errors import ConfigError
-from shared.identity import Directory
-from shared.topology import Topology
+from saga_coordinator.authority import command_keys
+from saga_shared.config import Settings
+from saga_shared.errors import ConfigError
+from saga_shared.security.identity import Directory
+from saga_shared.transport.topology import Topology
 
-AGENT_COMMANDS = r"^saga\.(start|status|abort)(\.[0-9]{1,4})?$"
+# An agent's topic permission on the commands exchange, from the one table of who may send what.
+AGENT_COMMANDS = command_keys("agent")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Literal
 
 from saga_coordinator.register import HOLDS_ORDER, TERMINAL
-from shared.messages import PartitionMessage
+from saga_shared.model.messages import PartitionMessage
 
 # A parked placeholder for a discarded command that will never arrive: the drain skips its number.
 SKIP = "convoy.skip"
@@ -91,10 +91,22 @@ def skip_seq(order: OrderView) -> OrderView:
     return replace(order, next_seq=order.next_seq + 1)
 
 
-# Rule 6 (one active saga per order): what a saga's new status does to its order. "take": it
-# becomes the order's active saga; "pass": it ended, so the oldest waiting saga (if any) starts
-# and takes the order; "keep": nothing changes (needs_human keeps the order held).
+# Rule 6 (one active saga per order), decided here alone: who holds the order when a message
+# is decided (``held_by``: a new saga waits behind it), and what a saga's new status does to
+# its order. "take": it becomes the order's active saga; "pass": it ended, so the oldest waiting
+# saga (if any) starts and takes the order; "keep": nothing changes (needs_human keeps the
+# order held).
 HandOver = Literal["take", "pass", "keep"]
+
+
+def held_by(order: OrderView, saga_id: str) -> str | None:
+    """The saga that holds the order for a message of ``saga_id``: none when it is its own."""
+    return order.active_saga_id if order.active_saga_id != saga_id else None
+
+
+def after_decision(order: OrderView, status: str | None) -> OrderView:
+    """A saga decided into ``waiting`` queues behind the holder: the order has one waiting."""
+    return replace(order, has_waiting=True) if status == "waiting" else order
 
 
 def hand_over(order: OrderView, saga_id: str, status: str) -> HandOver:

@@ -17,26 +17,27 @@ from saga_coordinator.group_commit import GroupCommit
 from saga_coordinator.processor import Processor
 from saga_coordinator.sender import Sender
 from saga_coordinator.store import Store
-from shared import tracing, trust
-from shared.bus import Bus
-from shared.catalog import Catalog
-from shared.codec import (
+from saga_shared.config import Settings
+from saga_shared.crashpoints import crash_point
+from saga_shared.errors import InvalidMessage
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.gateway import AdmittedPlan
+from saga_shared.model.messages import DeskCommand, PartitionMessage, QuerySaga
+from saga_shared.observability import tracing
+from saga_shared.security import trust
+from saga_shared.security.identity import Directory
+from saga_shared.security.trust import REPLAY_HEADER, Forged
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import (
     PARTITION,
     check_order_header,
     decode_incoming,
     identify_incoming,
     order_header,
 )
-from shared.config import Settings
-from shared.crashpoints import crash_point
-from shared.errors import InvalidMessage
-from shared.failures import failure_recorder
-from shared.gateway import AdmittedPlan
-from shared.identity import Directory
-from shared.linger import Linger
-from shared.messages import DeskCommand, PartitionMessage, QuerySaga
-from shared.topology import partition_of
-from shared.trust import REPLAY_HEADER, Forged
+from saga_shared.transport.failures import failure_recorder
+from saga_shared.transport.linger import Linger
+from saga_shared.transport.topology import partition_of
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """The dead-letter ingester: every dead letter is stored in Postgres, whatever its bytes.
 
-Each letter is judged the way its consumer judged it (the same decoding and the same sender
-checks, ``shared.trust``): only a valid message from its rightful sender, which a handler kept
-failing on, blocks its order. Garbage and forgeries are stored and never block anything; a
-forgery raises an ``alert.forged`` event. The row is committed before the ack (a crash in between
-redelivers the letter, and the same row absorbs it).
+Each letter is judged the way its consumer judged it (the same decoding and the same sender checks,
+``saga_shared.security.trust``): only a valid message from its rightful sender, which a handler kept
+failing on, blocks its order. Garbage and forgeries are stored and never block anything; a forgery
+raises an ``alert.forged`` event. The row is committed before the ack (a crash in between redelivers
+the letter, and the same row absorbs it).
 
 The path itself cannot be poisoned: headers and ids are cleaned before they touch a text column,
 the body is kept as bytes, and a letter the ingester still cannot store is kept as bare bytes
@@ -28,9 +28,16 @@ from pydantic import TypeAdapter
 
 from saga_coordinator.rows import OutboxRow
 from saga_coordinator.store import Store, Tx
-from shared import logs, metrics, trust
-from shared.bus import Bus
-from shared.codec import (
+from saga_shared.config import Settings
+from saga_shared.errors import InvalidMessage, RetryLater
+from saga_shared.model.messages import ActionRequest, Alert, DeskCommand, QuerySaga
+from saga_shared.model.text import clean, header_text
+from saga_shared.observability import logs, metrics
+from saga_shared.security import trust
+from saga_shared.security.identity import Directory
+from saga_shared.storage.sql import Queries
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import (
     COMMANDS,
     PARTITION,
     Identity,
@@ -38,13 +45,7 @@ from shared.codec import (
     decode_incoming,
     identify_incoming,
 )
-from shared.config import Settings
-from shared.errors import InvalidMessage, RetryLater
-from shared.identity import Directory
-from shared.messages import ActionRequest, Alert, DeskCommand, QuerySaga
-from shared.sql import Queries
-from shared.text import clean, header_text
-from shared.topology import partition_of
+from saga_shared.transport.topology import partition_of
 
 log = logging.getLogger(__name__)
 Q = Queries(Path(__file__).with_name("dead_letters.sql"))

@@ -1,6 +1,7 @@
 """Which deadline a saga has after a transition: a pure decision (the processor stores it).
 
-Rule 1 of design.md (a saga never waits for ever) rests on it: whenever a request is out, a
+Rule 1 of the design (docs/explanation/design.md: a saga never waits for ever) rests on it:
+whenever a request is out, a
 deadline for that very send is armed; while the saga waits at a gate, the gate's time-out is;
 with nothing in flight, none is. The timer turns a due deadline into a ``saga.deadline``
 message that goes through the order's partition like any other.
@@ -14,7 +15,7 @@ from typing import Literal
 
 from saga_coordinator.register import SagaState, gate_key
 from saga_coordinator.transition import Transition
-from shared.messages import ActionRequest, SettleRequest
+from saga_shared.model.messages import ActionRequest, SettleRequest
 
 
 @dataclass(frozen=True)

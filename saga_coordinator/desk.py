@@ -24,8 +24,8 @@ from saga_coordinator.dead_letters import REPLAY_HEADER, Q
 from saga_coordinator.processor import Processor
 from saga_coordinator.rows import OutboxRow
 from saga_coordinator.store import Store, Tx
-from shared.errors import SagaError
-from shared.messages import (
+from saga_shared.errors import SagaError
+from saga_shared.model.messages import (
     ActionFailed,
     ActionRequest,
     DeadlineReached,
@@ -33,7 +33,7 @@ from shared.messages import (
     DeskReply,
     ReplayDeadLetters,
 )
-from shared.text import clean
+from saga_shared.model.text import clean
 
 _REQUEST: TypeAdapter[ActionRequest] = TypeAdapter(ActionRequest)
 _DEADLINE: TypeAdapter[DeadlineReached] = TypeAdapter(DeadlineReached)

@@ -39,8 +39,8 @@ from saga_coordinator.transition import (
     reply,
     settle_request,
 )
-from shared.catalog import ActionClass
-from shared.messages import (
+from saga_shared.model.catalog import ActionClass
+from saga_shared.model.messages import (
     AbortSaga,
     ActionDone,
     ActionFailed,

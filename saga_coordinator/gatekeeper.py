@@ -18,24 +18,13 @@ import logging
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from saga_coordinator.authority import may_send
+from saga_coordinator.authority import may_read, may_send
 from saga_coordinator.store import Store
-from shared import trust
-from shared.bus import Bus
-from shared.catalog import Catalog
-from shared.codec import (
-    COMMANDS,
-    Identity,
-    check_order_header,
-    decode_incoming,
-    identify_incoming,
-    peek,
-)
-from shared.config import Settings
-from shared.errors import InvalidMessage, PlanRejected
-from shared.gateway import AdmittedPlan, admit
-from shared.identity import Directory
-from shared.messages import (
+from saga_shared.config import Settings
+from saga_shared.errors import InvalidMessage, PlanRejected
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.gateway import AdmittedPlan, admit
+from saga_shared.model.messages import (
     AnyCommand,
     CommandReply,
     DeskCommand,
@@ -44,9 +33,20 @@ from shared.messages import (
     Role,
     StartSaga,
 )
-from shared.ratelimit import TokenBuckets
-from shared.text import clean
-from shared.topology import partition_of
+from saga_shared.model.text import clean
+from saga_shared.security import trust
+from saga_shared.security.identity import Directory
+from saga_shared.security.ratelimit import TokenBuckets
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import (
+    COMMANDS,
+    Identity,
+    check_order_header,
+    decode_incoming,
+    identify_incoming,
+    peek,
+)
+from saga_shared.transport.topology import partition_of
 
 log = logging.getLogger(__name__)
 Admitted = AnyCommand | QuerySaga | DeskCommand
@@ -185,11 +185,8 @@ class Gatekeeper:
         if query.reply_to is None:
             return
         state = await self.store.get(query.saga_id)
-        sender = query.sender
-        if state is not None and sender is not None and sender.role == "agent":
-            owner = state.started_by
-            if owner is None or owner.user != sender.user:
-                state = None
+        if state is not None and not may_read(state, query.sender):
+            state = None  # as if there were none: an agent learns nothing of others' sagas
         reply = CommandReply(
             type="command.accepted" if state is not None else "command.rejected",
             saga_id=query.saga_id,

@@ -20,7 +20,7 @@ from saga_coordinator.transition import (
     refuse,
     reply,
 )
-from shared.messages import ApproveSaga, DeadlineReached, RejectSaga
+from saga_shared.model.messages import ApproveSaga, DeadlineReached, RejectSaga
 
 
 def _waiting_step(state: SagaState) -> Step | None:

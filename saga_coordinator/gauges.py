@@ -1,4 +1,5 @@
-"""Reads what the database holds into the gauges of ``shared.metrics``: blocked orders,
+"""Reads what the database holds into the gauges of ``saga_shared.observability.metrics``: blocked
+orders,
 waiting sagas, the people's queue, the outbox. Runs in the coordinator process."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import asyncpg
 
-from shared import metrics
-from shared.sql import Queries
+from saga_shared.observability import metrics
+from saga_shared.storage.sql import Queries
 
 log = logging.getLogger(__name__)
 Q = Queries(Path(__file__).with_name("gauges.sql"))

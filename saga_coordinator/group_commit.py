@@ -18,10 +18,10 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 
-from shared import metrics
-from shared.errors import RetryLater
-from shared.linger import NEVER, Linger
-from shared.messages import PartitionMessage
+from saga_shared.errors import RetryLater
+from saga_shared.model.messages import PartitionMessage
+from saga_shared.observability import metrics
+from saga_shared.transport.linger import NEVER, Linger
 
 log = logging.getLogger(__name__)
 

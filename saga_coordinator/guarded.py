@@ -28,9 +28,9 @@ from saga_coordinator.convoy import OrderView
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow, Parked
 from saga_coordinator.writes import Writes, columns, order_row
-from shared import metrics
-from shared.messages import CommandReply, Envelope
-from shared.sql import Queries
+from saga_shared.model.messages import CommandReply, Envelope
+from saga_shared.observability import metrics
+from saga_shared.storage.sql import Queries
 
 if TYPE_CHECKING:
     from saga_coordinator.ports import Transaction
@@ -220,3 +220,9 @@ async def attempt(
     metrics.GROUPS.labels("guarded").inc()
     tx.committed()
     return result, tx.sent
+
+
+if TYPE_CHECKING:
+
+    def _is_a_transaction(tx: GuardedTx) -> Transaction:
+        return tx  # mypy checks here that the cache-decided transaction has the whole interface

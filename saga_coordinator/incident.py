@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from saga_coordinator.register import SagaState, Step
-from shared.catalog import ActionClass
+from saga_shared.model.catalog import ActionClass
 
 
 def _ids(result: dict[str, Any] | None) -> dict[str, Any]:

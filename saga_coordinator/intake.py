@@ -11,13 +11,13 @@ from aio_pika.abc import AbstractIncomingMessage
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.gatekeeper import Gatekeeper, stamped
 from saga_coordinator.store import Store
-from shared import tracing
-from shared.bus import Bus
-from shared.catalog import Catalog
-from shared.config import Settings
-from shared.failures import failure_recorder
-from shared.messages import AnyCommand, DeskCommand, QuerySaga
-from shared.patience import publish_in_hand
+from saga_shared.config import Settings
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.messages import AnyCommand, DeskCommand, QuerySaga
+from saga_shared.observability import tracing
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.failures import failure_recorder
+from saga_shared.transport.patience import publish_in_hand
 
 
 class Intake:

@@ -35,10 +35,10 @@ from saga_coordinator.transition import (
     reply,
     request,
 )
-from shared.catalog import ActionClass, Catalog
-from shared.errors import PlanRejected
-from shared.gateway import AdmittedPlan, admit
-from shared.messages import (
+from saga_shared.errors import PlanRejected
+from saga_shared.model.catalog import ActionClass, Catalog
+from saga_shared.model.gateway import AdmittedPlan, admit
+from saga_shared.model.messages import (
     AbortSaga,
     ActionDone,
     ActionFailed,

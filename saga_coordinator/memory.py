@@ -8,7 +8,7 @@ with 20,000 sagas, half a second a transaction.) For the same reason a claim rea
 the waiting sagas and parked messages per order instead of scanning them all. Transactions
 take turns, as overlapping ones touching the same rows do under Postgres's locks; none of the
 methods here suspends, so in practice they never overlap. ``get``, ``sagas``, ``history``,
-``due`` and ``take_outbox`` are for between transactions. ``tests/integration/
+``due`` and ``take_outbox`` are for between transactions. ``tests/twins/
 test_store_contract.py`` runs one suite against both this and Postgres, so the two cannot
 drift apart.
 """
@@ -28,7 +28,7 @@ from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow, Parked
 from saga_coordinator.transition import Event
 from saga_coordinator.writes import count_events
-from shared.messages import CommandReply, DeadlineReached, Envelope
+from saga_shared.model.messages import CommandReply, DeadlineReached, Envelope
 
 T = TypeVar("T")
 K = TypeVar("K")

@@ -1,7 +1,7 @@
 """The narrow interface the coordinator's logic works through: one transaction of the store.
 Postgres (``store.Tx``) implements it, and so does the in-memory twin the test kit runs on
-(``saga_coordinator.memory``); ``tests/integration/test_store_contract.py`` holds both to the
-same behaviour. The bus's is ``shared.ports.Publisher``."""
+(``saga_coordinator.memory``); ``tests/twins/test_store_contract.py`` holds both to the
+same behaviour. The bus's is ``saga_shared.transport.ports.Publisher``."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ from datetime import datetime
 from typing import Protocol
 
 from saga_coordinator.convoy import OrderView
-from saga_coordinator.guarded import GuardedTx
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow, Parked
-from saga_coordinator.store import Tx
 from saga_coordinator.transition import Event
-from shared.messages import CommandReply, Envelope
+from saga_shared.model.messages import CommandReply, Envelope
 
 
 class Transaction(Protocol):
@@ -93,11 +91,3 @@ class Transaction(Protocol):
         and decided again (a decision's span is ended, so exported, once)."""
 
     async def flush(self) -> None: ...
-
-
-def _is_a_transaction(tx: Tx) -> Transaction:
-    return tx  # mypy checks here that Postgres's transaction has every method of the interface
-
-
-def _is_a_guarded_transaction(tx: GuardedTx) -> Transaction:
-    return tx  # and so has the one decided on the cache

@@ -23,12 +23,12 @@ from saga_coordinator.ports import Transaction as Tx
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow
 from saga_coordinator.transition import Event, Reply, Transition
-from shared import tracing
-from shared.catalog import Catalog, service_of
-from shared.codec import PARTITION
-from shared.gateway import AdmittedPlan
-from shared.messages import ActionRequest, CommandReply, PartitionMessage, SettleRequest
-from shared.topology import Topology
+from saga_shared.model.catalog import Catalog, service_of
+from saga_shared.model.gateway import AdmittedPlan
+from saga_shared.model.messages import ActionRequest, CommandReply, PartitionMessage, SettleRequest
+from saga_shared.observability import tracing
+from saga_shared.transport.codec import PARTITION
+from saga_shared.transport.topology import Topology
 
 _PARTITION: TypeAdapter[PartitionMessage] = PARTITION
 
@@ -202,14 +202,14 @@ class Processor:
         """``claim``: what ``Tx.claim`` read for this message, the saga included (or its
         absence: no saga row appears while the order is locked); a parked message has none."""
         before = claim.saga if claim is not None else await tx.lock_saga(message.saga_id)
-        held_by = order.active_saga_id if order.active_saga_id != message.saga_id else None
         transition = decide(
-            before, message, self.catalog, now, order_held_by=held_by,
+            before, message, self.catalog, now,
+            order_held_by=convoy.held_by(order, message.saga_id),
             admitted=self.plans.get(id(message)),
         )  # fmt: skip
         order = convoy.after_apply(order, convoy.command_seq(message))
-        if transition.state is not None and transition.state.status == "waiting":
-            order = replace(order, has_waiting=True)
+        status = transition.state.status if transition.state is not None else None
+        order = convoy.after_decision(order, status)
         self._store(tx, transition, now, message)
         tx.log(message, message.saga_id, transition.note, order.handled)
         return await self._hand_over(tx, order, transition, now), transition.note

@@ -6,8 +6,8 @@ from datetime import datetime
 
 from saga_coordinator.register import CompensationStatus, Decision, SagaState, SagaStatus, Step
 from saga_coordinator.transition import Outgoing, event, request
-from shared.catalog import ActionClass
-from shared.messages import EventType
+from saga_shared.model.catalog import ActionClass
+from saga_shared.model.messages import EventType
 
 
 def compensation_order(state: SagaState) -> list[Step]:

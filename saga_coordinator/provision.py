@@ -21,12 +21,12 @@ from saga_coordinator.access import (
     ensure_passwords,
     grants,
 )
-from shared.bus import Bus
-from shared.config import Settings
-from shared.identity import COMPONENT_ROLES, Directory, db_role, with_credentials
-from shared.migrations import migrate
-from shared.sql import Queries
-from shared.topology import SERVICES, Topology
+from saga_shared.config import Settings
+from saga_shared.security.identity import COMPONENT_ROLES, Directory, db_role, with_credentials
+from saga_shared.storage.migrations import migrate
+from saga_shared.storage.sql import Queries
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.topology import SERVICES, Topology
 
 Q = Queries(Path(__file__).with_name("setup.sql"))
 DB_ROLES: tuple[str, ...] = (*(r for r in COMPONENT_ROLES if r not in ("ops", "console")),

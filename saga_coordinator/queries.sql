@@ -1,4 +1,4 @@
--- Named queries of the coordinator. Loaded by shared.sql.Queries.
+-- Named queries of the coordinator. Loaded by saga_shared.storage.sql.Queries.
 
 -- The hot path is two statements per message: `claim` reads under the locks, `write_batch` writes
 -- everything the decision produced. Each statement is a network round trip and a parse and plan

@@ -12,8 +12,8 @@ from typing import Any, Literal, Self, TypedDict
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from typing_extensions import Unpack
 
-from shared.catalog import ActionClass
-from shared.messages import Gate, Sender
+from saga_shared.model.catalog import ActionClass
+from saga_shared.model.messages import Gate, Sender
 
 SagaStatus = Literal[
     "waiting",

@@ -19,12 +19,12 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from saga_coordinator.dead_letters import bury_unroutable
 from saga_coordinator.store import RELAY_LOCK, Conn, Q, Tx
-from shared.bus import Bus, refused_for_now, unroutable
-from shared.codec import Outgoing, to_amqp
-from shared.config import Settings
-from shared.crashpoints import crash_point
-from shared.logs import log_debug
-from shared.sql import TRANSIENT_DB_ERRORS, is_transient
+from saga_shared.config import Settings
+from saga_shared.crashpoints import crash_point
+from saga_shared.observability.logs import log_debug
+from saga_shared.storage.sql import TRANSIENT_DB_ERRORS, is_transient
+from saga_shared.transport.bus import Bus, refused_for_now, unroutable
+from saga_shared.transport.codec import Outgoing, to_amqp
 
 log = logging.getLogger(__name__)
 

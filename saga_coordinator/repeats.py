@@ -12,9 +12,9 @@ from datetime import datetime
 
 from saga_coordinator.register import Decision, SagaState
 from saga_coordinator.transition import Reply, Transition, refuse, reply
-from shared.gateway import AdmittedPlan
-from shared.ids import random_id
-from shared.messages import (
+from saga_shared.model.gateway import AdmittedPlan
+from saga_shared.model.ids import random_id
+from saga_shared.model.messages import (
     AbortSaga,
     AnyCommand,
     ApproveSaga,

@@ -8,8 +8,8 @@ from typing import Any
 
 from saga_coordinator.convoy import OrderView
 from saga_coordinator.register import SagaState
-from shared.codec import Outgoing, to_amqp
-from shared.messages import Outbound
+from saga_shared.model.messages import Outbound
+from saga_shared.transport.codec import Outgoing, to_amqp
 
 
 @dataclass(frozen=True)

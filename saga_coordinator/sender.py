@@ -21,8 +21,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from saga_coordinator.rows import OutboxRow
-from shared.bus import Bus
-from shared.crashpoints import crash_point
+from saga_shared.crashpoints import crash_point
+from saga_shared.transport.bus import Bus
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,12 @@ from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import Claim, OutboxRow, Parked
 from saga_coordinator.writes import Writes, columns, order_row
-from shared.codec import Identity, peek
-from shared.errors import RetryLater
-from shared.failures import Q as FQ
-from shared.messages import CommandReply, Envelope
-from shared.sql import TRANSIENT_DB_ERRORS, Queries, holding, is_transient
-from shared.text import clean
+from saga_shared.errors import RetryLater
+from saga_shared.model.messages import CommandReply, Envelope
+from saga_shared.model.text import clean
+from saga_shared.storage.sql import TRANSIENT_DB_ERRORS, Queries, holding, is_transient
+from saga_shared.transport.codec import Identity, peek
+from saga_shared.transport.failures import Q as FQ
 
 if TYPE_CHECKING:
     from saga_coordinator.ports import Transaction
@@ -408,3 +408,9 @@ class Store:
     async def parked(self, order_id: str) -> list[dict[str, Any]]:
         rows = await self.pool.fetch(Q.parked_for_order, order_id)
         return [{k: v for k, v in dict(r).items() if k != "body"} for r in rows]
+
+
+if TYPE_CHECKING:
+
+    def _is_a_transaction(tx: Tx) -> Transaction:
+        return tx  # mypy checks here that Postgres's transaction has every method of the interface

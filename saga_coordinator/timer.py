@@ -10,9 +10,9 @@ import logging
 
 from saga_coordinator.rows import OutboxRow
 from saga_coordinator.store import Q, Store, Tx
-from shared.config import Settings
-from shared.messages import DeadlineReached
-from shared.topology import Topology
+from saga_shared.config import Settings
+from saga_shared.model.messages import DeadlineReached
+from saga_shared.transport.topology import Topology
 
 log = logging.getLogger(__name__)
 

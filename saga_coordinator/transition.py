@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from saga_coordinator.register import Decision, SagaState, Step, compensation_key, forward_key
-from shared.messages import (
+from saga_shared.model.messages import (
     ActionRequest,
     AnyCommand,
     CommandReply,

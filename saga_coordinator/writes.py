@@ -13,8 +13,8 @@ from saga_coordinator.convoy import OrderView
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import OutboxRow
 from saga_coordinator.transition import Event
-from shared import metrics
-from shared.messages import CommandReply, Envelope
+from saga_shared.model.messages import CommandReply, Envelope
+from saga_shared.observability import metrics
 
 FINISHED = frozenset({"saga.completed", "saga.compensated", "saga.resolved", "saga.needs_human"})
 

@@ -8,7 +8,7 @@ bash scripts/services.sh
 bash scripts/setup.sh
 stamp=.venv/.bench-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev,bench]"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[server,dev,bench]"
     rm -f .venv/.bench-*
     touch "$stamp"
 fi

@@ -1,12 +1,12 @@
 """The adapter of one service: consume its action requests, call its functions, report.
 
 Per request: claim its idempotency key in the service's key record, call the service's function
-(``services.sdk``) with the key, retry ``Transient`` errors with bounded exponential backoff
-(each try claimed again: ``services.calls``), store the outcome, publish ``done`` or ``failed``
+(``saga_services.sdk``) with the key, retry ``Transient`` errors with bounded exponential backoff
+(each try claimed again: ``saga_services.calls``), store the outcome, publish ``done`` or ``failed``
 into the order's partition, and only then let the delivery be acked. A redelivered request is
 harmless: the claim returns the stored outcome and the outcome message has the same id, which
 the coordinator's inbox absorbs. A settle (``action.settle``) is answered from the key record
-(``services.settling``).
+(``saga_services.settling``).
 """
 
 from __future__ import annotations
@@ -28,28 +28,35 @@ from opentelemetry import trace
 from pydantic import Field, TypeAdapter
 from tenacity import before_sleep_log
 
-from services import settling
-from services.calls import Calls, Outcome
-from services.errors import Transient
-from services.keys import KeyStore, MemoryKeys, PgKeys
-from services.outcome import build_outcome
-from services.registry import load_service
-from services.sdk import Resources, Service
-from shared import logs, metrics, tracing, trust
-from shared.bus import Bus
-from shared.catalog import ActionClass, Catalog
-from shared.codec import decode_incoming
-from shared.config import Settings
-from shared.crashpoints import crash_point
-from shared.delivery import Alone, BatchVerdict
-from shared.errors import RetryLater
-from shared.failures import failure_recorder
-from shared.identity import Directory
-from shared.ids import random_id
-from shared.linger import Linger
-from shared.messages import ActionDone, ActionFailed, ActionRequest, ActionSettled, SettleRequest
-from shared.patience import publish_in_hand
-from shared.sql import TRANSIENT_DB_ERRORS, holding, is_transient
+from saga_services import settling
+from saga_services.calls import Calls, Outcome
+from saga_services.errors import Transient
+from saga_services.keys import KeyStore, MemoryKeys, PgKeys
+from saga_services.outcome import build_outcome
+from saga_services.registry import load_service
+from saga_services.sdk import Resources, Service
+from saga_shared.config import Settings
+from saga_shared.crashpoints import crash_point
+from saga_shared.errors import RetryLater
+from saga_shared.model.catalog import ActionClass, Catalog
+from saga_shared.model.ids import random_id
+from saga_shared.model.messages import (
+    ActionDone,
+    ActionFailed,
+    ActionRequest,
+    ActionSettled,
+    SettleRequest,
+)
+from saga_shared.observability import logs, metrics, tracing
+from saga_shared.security import trust
+from saga_shared.security.identity import Directory
+from saga_shared.storage.sql import TRANSIENT_DB_ERRORS, holding, is_transient
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import decode_incoming
+from saga_shared.transport.delivery import Alone, BatchVerdict
+from saga_shared.transport.failures import failure_recorder
+from saga_shared.transport.linger import Linger
+from saga_shared.transport.patience import publish_in_hand
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""Calls of one service's functions under claims of its key record (``services.keys``).
+"""Calls of one service's functions under claims of its key record (``saga_services.keys``).
 
 Every try is claimed just before it is made: the claim raises the key's attempt number (so a
 crash, a batch re-run and a resend all count against the catalog's attempts for that send),
@@ -22,13 +22,13 @@ from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from services import settling
-from services.errors import Permanent, Transient
-from services.keys import Claiming, Finished, KeyStore, Ticket
-from services.outcome import Done, Verdict
-from services.sdk import KeyQuery, Service, batch_scope
-from shared.catalog import Catalog
-from shared.messages import ActionRequest, SettleVerdict
+from saga_services import settling
+from saga_services.errors import Permanent, Transient
+from saga_services.keys import Claiming, Finished, KeyStore, Ticket
+from saga_services.outcome import Done, Verdict
+from saga_services.sdk import KeyQuery, Service, batch_scope
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.messages import ActionRequest, SettleVerdict
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from services.store import Q, row_dict
+from saga_services.store import Q, row_dict
 
 Rows = list[dict[str, object]]
 _ISO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")

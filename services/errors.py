@@ -7,7 +7,7 @@ whether the effect may have landed anyway, which decides whether the coordinator
 
 from __future__ import annotations
 
-from shared.errors import SagaError
+from saga_shared.errors import SagaError
 
 
 class AdapterError(SagaError):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from services.registry import all_actions
-from services.store import Q, row_dict
+from saga_services.registry import all_actions
+from saga_services.store import Q, row_dict
 
 MAX_TRANSIENT = 1000
 

@@ -1,6 +1,6 @@
 """Each service's key record: what the adapter SDK claims before every call and stores after,
 and what a settle answers from. One narrow interface, ``KeyStore``, with two implementations
-held to the same contract (``tests/integration/test_key_store_contract.py``): ``PgKeys``
+held to the same contract (``tests/twins/test_key_store_contract.py``): ``PgKeys``
 (``service_keys``, migration 0012) and ``MemoryKeys`` (the test kit, the simulation).
 
 A claim is the atomic insert-if-absent of the key with an owner (the adapter process), a lease
@@ -26,8 +26,8 @@ from typing import Literal, Protocol
 import asyncpg
 from pydantic import JsonValue
 
-from services.store import from_json, to_json
-from shared.sql import Queries
+from saga_services.store import from_json, to_json
+from saga_shared.storage.sql import Queries
 
 Q = Queries(Path(__file__).with_name("keys.sql"))
 Result = dict[str, JsonValue]

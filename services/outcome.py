@@ -8,12 +8,12 @@ from typing import Literal
 
 from pydantic import JsonValue
 
-from services.errors import Permanent, Transient
-from shared.codec import check_shape
-from shared.errors import InvalidMessage
-from shared.ids import name_id
-from shared.messages import ActionDone, ActionFailed, ActionRequest, SettleVerdict
-from shared.text import clean
+from saga_services.errors import Permanent, Transient
+from saga_shared.errors import InvalidMessage
+from saga_shared.model.ids import name_id
+from saga_shared.model.messages import ActionDone, ActionFailed, ActionRequest, SettleVerdict
+from saga_shared.model.text import clean
+from saga_shared.transport.codec import check_shape
 
 # Fixed forever: changing it changes every outcome id, so in-flight duplicates would stop being
 # recognised as duplicates by the coordinator's inbox.

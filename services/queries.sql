@@ -1,4 +1,4 @@
--- Named queries of the simulated systems, loaded with shared.sql.Queries.
+-- Named queries of the simulated systems, loaded with saga_shared.storage.sql.Queries.
 
 -- ---------------------------------------------------------------------------------------------
 -- Idempotency (Stripe-like): the first outcome per key is stored and returned for every retry.

@@ -7,8 +7,8 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from services.registry import SYSTEMS
-from shared.errors import ConfigError
+from saga_services.registry import SYSTEMS
+from saga_shared.errors import ConfigError
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 TEMPLATES = ("__init__.py", "service.py", "catalog.toml", "test_service.py")
@@ -20,7 +20,7 @@ def check_name(name: str) -> None:
             f"service name {name!r}: use a lower-case Python identifier ([a-z][a-z0-9_]*, "
             "at most 40), not a keyword"
         )
-    if name in SYSTEMS or name in ("services", "shared", "saga_coordinator", "tests"):
+    if name in SYSTEMS or name in ("saga_services", "saga_shared", "saga_coordinator", "saga_app"):
         raise ConfigError(f"service name {name!r} is taken by the project itself")
 
 
@@ -30,7 +30,7 @@ def new_adapter(name: str, into: Path) -> list[Path]:
     package = into / name
     if package.exists():
         raise ConfigError(f"{package} already exists: choose another name or directory")
-    templates = resources.files("services") / "templates" / "adapter"
+    templates = resources.files("saga_services") / "templates" / "adapter"
     package.mkdir(parents=True)
     written = []
     for file in TEMPLATES:

@@ -10,7 +10,7 @@
     async def pick(call: Call[Pick, None]) -> dict[str, JsonValue]:
         return {"pick_id": await my_api.pick(call.params.sku, call.params.quantity, key=call.key)}
 
-The framework (``services.adapter.Adapter``) does the rest: consuming the service's queue,
+The framework (``saga_services.adapter.Adapter``) does the rest: consuming the service's queue,
 checking the sender, retrying ``Transient`` errors as the catalog says, the done / failed
 events, dead letters and a graceful stop. A function is called at least once per request and
 maybe more (a redelivery, a retry): pass ``call.key`` to the system so it applies once.
@@ -31,13 +31,13 @@ from typing import Any, Generic, Literal, TypeVar
 import asyncpg
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
-from services.errors import Permanent, Transient
-from shared.catalog import Catalog, service_of
-from shared.codec import describe
-from shared.config import Settings
-from shared.errors import ConfigError
-from shared.messages import ActionRequest, Phase
-from shared.text import clean
+from saga_services.errors import Permanent, Transient
+from saga_shared.config import Settings
+from saga_shared.errors import ConfigError
+from saga_shared.model.catalog import Catalog, service_of
+from saga_shared.model.messages import ActionRequest, Phase
+from saga_shared.model.text import clean
+from saga_shared.transport.codec import describe
 
 __all__ = [
     "Call", "Coalescer", "KeyQuery", "KeyStatus", "Permanent", "Resources", "Service",
@@ -56,15 +56,15 @@ Setup = Callable[["Resources"], contextlib.AbstractAsyncContextManager[D]]
 @dataclass(frozen=True)
 class Resources:
     """What a service's ``setup`` receives: the settings, the saga database's pool, and the
-    service's key record (``services.keys``: a system that keeps its effects in the same
+    service's key record (``saga_services.keys``: a system that keeps its effects in the same
     database may write them in the same transaction as the key's row, as the simulated
     systems do)."""
 
     settings: Settings
     pool: asyncpg.Pool | None = None
-    keys: Any = None  # services.keys.KeyStore (kept untyped here: keys imports this module)
+    keys: Any = None  # saga_services.keys.KeyStore (kept untyped here: keys imports this module)
     # In-memory stand-ins for the systems' databases, for the test kit and the simulation
-    # (services.simulated_memory.MemorySystems for the built-in systems).
+    # (saga_services.simulated_memory.MemorySystems for the built-in systems).
     memory: Any = None
 
 

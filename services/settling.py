@@ -14,12 +14,12 @@ import asyncio
 import logging
 from typing import Any
 
-from services.keys import KeyState, KeyStore
-from services.outcome import MAX_REASON, OUTCOME_NAMESPACE
-from services.sdk import KeyQuery, KeyStatus, Service
-from shared.ids import name_id
-from shared.messages import ActionSettled, SettleRequest, SettleVerdict
-from shared.text import clean
+from saga_services.keys import KeyState, KeyStore
+from saga_services.outcome import MAX_REASON, OUTCOME_NAMESPACE
+from saga_services.sdk import KeyQuery, KeyStatus, Service
+from saga_shared.model.ids import name_id
+from saga_shared.model.messages import ActionSettled, SettleRequest, SettleVerdict
+from saga_shared.model.text import clean
 
 log = logging.getLogger(__name__)
 STATUS_TIMEOUT_S = 10.0

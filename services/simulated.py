@@ -20,10 +20,10 @@ from typing import Any
 
 import asyncpg
 
-from services.errors import Permanent, Transient
-from services.sdk import Call, Coalescer, Resources, Result, Service
-from services.store import Conn, Q, from_json, to_json
-from shared.ids import random_id
+from saga_services.errors import Permanent, Transient
+from saga_services.sdk import Call, Coalescer, Resources, Result, Service
+from saga_services.store import Conn, Q, from_json, to_json
+from saga_shared.model.ids import random_id
 
 Connect = Callable[[], contextlib.AbstractAsyncContextManager[Conn]]
 
@@ -126,7 +126,7 @@ def simulated_service(system: str) -> Service[Simulated]:
     async def setup(resources: Resources) -> AsyncIterator[Simulated]:
         if resources.pool is None:
             # Imported here: the in-memory twin imports this module.
-            from services.simulated_memory import MemorySimulated, MemorySystems
+            from saga_services.simulated_memory import MemorySimulated, MemorySystems
 
             if not isinstance(resources.memory, MemorySystems):
                 raise RuntimeError(

@@ -19,14 +19,14 @@ from typing import Any
 
 import asyncpg
 
-from services.errors import Permanent, Transient
-from services.faults import check_action, parse_mode
-from services.keys import MemoryKeys, _Row
-from services.simulated import Simulated, _Hung, _Write
-from services.simulated_tables import BadValue, Clock, Fault, Raised, Result, Tables
-from services.simulated_tables import jsonb as _jsonb
-from services.simulated_tables import quote_literal as _quote
-from services.store import Conn, plain
+from saga_services.errors import Permanent, Transient
+from saga_services.faults import check_action, parse_mode
+from saga_services.keys import MemoryKeys, _Row
+from saga_services.simulated import Simulated, _Hung, _Write
+from saga_services.simulated_tables import BadValue, Clock, Fault, Raised, Result, Tables
+from saga_services.simulated_tables import jsonb as _jsonb
+from saga_services.simulated_tables import quote_literal as _quote
+from saga_services.store import Conn, plain
 
 Rows = list[dict[str, object]]
 
@@ -39,7 +39,7 @@ class MemorySystems(Tables):
         super().__init__(clock or (lambda: datetime.now(UTC)))
         self.keys = keys or MemoryKeys(self.clock, atomic=True)
 
-    # --- faults (services.faults over sim_faults) ----------------------------------------------
+    # --- faults (saga_services.faults over sim_faults) --------------------------------------------
 
     def add_fault(self, action: str, order_id: str, mode: str) -> None:
         """Inject a fault, replacing any fault already set on this action and order."""
@@ -63,10 +63,10 @@ class MemorySystems(Tables):
             del self.faults[k]
         return len(gone)
 
-    # --- what an operator sees (services.effects over queries.sql) -----------------------------
+    # --- what an operator sees (saga_services.effects over queries.sql) ---------------------------
 
     def effects_for_order(self, order_id: str) -> dict[str, Rows]:
-        """The shape of ``services.effects.effects_for_order``: each system's rows of the order
+        """The shape of ``saga_services.effects.effects_for_order``: each system's rows of the order
         (as its query orders them) and the effects applied per key."""
         mine = order_id.__eq__
         reservations = sorted((r for r in self.reservations.values() if mine(r.order_id)),
@@ -224,7 +224,7 @@ class MemorySimulated(Simulated):
 
 
 def _verdict(answer: Answer) -> Result | Exception:
-    """``services.simulated._verdict`` on a row of the twin."""
+    """``saga_services.simulated._verdict`` on a row of the twin."""
     if answer.outcome == "hang":
         return _Hung(answer.error)
     if answer.transient:

@@ -1,6 +1,6 @@
 """The tables of the four simulated systems in memory, and their actions: ``sim_apply``,
 ``sim_target``, ``sim_status`` and ``sim_effect`` of migrations 0007 and 0012, statement for
-statement (``services.simulated_memory`` runs them as ``sim_call`` does).
+statement (``saga_services.simulated_memory`` runs them as ``sim_call`` does).
 
 What Postgres does on the way is kept too, since the contract test holds both to the same
 answers: ``v ->> 'field'`` reads any JSON scalar as text, ``::integer`` refuses what int4 refuses
@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 from pydantic import JsonValue
 
-from services.keys import MemoryKeys, _Row
+from saga_services.keys import MemoryKeys, _Row
 
 Result = dict[str, JsonValue]
 Clock = Callable[[], datetime]

@@ -11,7 +11,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 from pydantic import JsonValue
 
-from shared.sql import Queries
+from saga_shared.storage.sql import Queries
 
 Q = Queries(Path(__file__).with_name("queries.sql"))
 

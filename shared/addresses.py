@@ -5,8 +5,8 @@ standbys, written as libpq writes them, hosts separated by commas:
     postgresql://user@db1:5432,db2:5432/saga?target_session_attrs=read-write
 
 asyncpg reads the second form itself (and with ``target_session_attrs=read-write`` picks the
-writable one). For the broker, ``one_per_host`` makes one URL per node, which ``shared.bus``
-tries in turn."""
+writable one). For the broker, ``one_per_host`` makes one URL per node, which
+``saga_shared.transport.bus`` tries in turn."""
 
 from __future__ import annotations
 

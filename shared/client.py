@@ -4,11 +4,11 @@
         saga_id = await client.start("refund", order_id="A-17", params={...})
         outcome = await client.wait(saga_id, seconds=30)
 
-Each command carries ``reply_to`` (a private reply queue) and a message id (a fresh one unless
-the caller gives it), so ``start``/``abort``/``resume``... return once the coordinator answered.
-A command not answered is sent again (``shared.courier``), with the same message id and the same
-body, every ``resend_every_s`` (growing by ``resend_backoff`` up to ``resend_max_s``) until an
-answer comes or ``answer_within_s`` has passed; the coordinator answers a message id it has seen
+Each command carries ``reply_to`` (a private reply queue) and a message id (a fresh one unless the
+caller gives it), so ``start``/``abort``/``resume``... return once the coordinator answered. A
+command not answered is sent again (``saga_shared.transport.courier``), with the same message id and
+the same body, every ``resend_every_s`` (growing by ``resend_backoff`` up to ``resend_max_s``) until
+an answer comes or ``answer_within_s`` has passed; the coordinator answers a message id it has seen
 with the reply it gave the first time, so a resend has one effect. What can happen, each its own
 type:
 
@@ -35,7 +35,8 @@ from typing import Annotated, Any
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from pydantic import Field, JsonValue, TypeAdapter
 
-from shared.answers import (
+from saga_shared.errors import InvalidMessage
+from saga_shared.model.answers import (
     BrokerUnreachable,
     CommandRejected,
     DeskRefused,
@@ -46,12 +47,8 @@ from shared.answers import (
     reached,
     seconds_text,
 )
-from shared.bus import Bus
-from shared.codec import decode
-from shared.courier import CONNECTION_TROUBLE, Courier
-from shared.errors import InvalidMessage
-from shared.ids import random_id
-from shared.messages import (
+from saga_shared.model.ids import random_id
+from saga_shared.model.messages import (
     AbortSaga,
     AnyCommand,
     ApproveSaga,
@@ -69,6 +66,9 @@ from shared.messages import (
     SettleSaga,
     StartSaga,
 )
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import decode
+from saga_shared.transport.courier import CONNECTION_TROUBLE, Courier
 
 __all__ = [
     "BrokerUnreachable", "CommandRejected", "DeskRefused", "MessageIdReused", "NotAnswered",

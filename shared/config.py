@@ -32,8 +32,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from shared.addresses import one_per_host
-from shared.errors import ConfigError
+from saga_shared.addresses import one_per_host
+from saga_shared.errors import ConfigError
 
 _NAMESPACE = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
 _SHARE = re.compile(r"^(\d+)/(\d+)$")
@@ -99,7 +99,7 @@ def _users(text: str) -> str:
 
 
 def _events(text: str) -> str:
-    from shared.messages import EVENT_TYPES  # messages do not need the settings
+    from saga_shared.model.messages import EVENT_TYPES  # messages do not need the settings
 
     for pattern in (p.strip() for p in text.split(",")):
         if pattern and not any(fnmatchcase(t, pattern) for t in EVENT_TYPES):
@@ -127,7 +127,10 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SAGA_", frozen=True, extra="forbid")
 
+    # RabbitMQ; a cluster's nodes as amqp://u:p@mq1:5672,mq2:5672/ (TLS: amqps://...?cafile=).
     amqp_url: Annotated[str, _url("amqp", "amqps")] = "amqp://guest:guest@127.0.0.1:5672/"
+    # Postgres (`saga migrate` creates the database); a primary and standbys as
+    # postgresql://u@db1:5432,db2:5432/saga?target_session_attrs=read-write.
     database_url: Annotated[str, _url("postgresql", "postgres")] = (
         "postgresql://postgres@127.0.0.1:5432/saga"
     )
@@ -137,6 +140,7 @@ class Settings(BaseSettings):
     ] = "saga"
     # Changing the partition count re-routes orders: drain the partitions first.
     partitions: Annotated[Whole, _check(lambda n: 1 <= n <= 1024, "must be between 1 and 1024")] = 8
+    # Deliveries of one message before it is dead-lettered.
     delivery_limit: Annotated[
         Whole, _check(lambda n: 1 <= n <= 1000, "must be between 1 and 1000")
     ] = 5
@@ -145,15 +149,20 @@ class Settings(BaseSettings):
     # Set it before the first declaration: the broker refuses to declare an existing queue
     # with another value (PRECONDITION_FAILED); `rabbitmq-queues grow` adds members later.
     quorum_size: Annotated[Whole, _check(lambda n: 0 <= n <= 99, "must be between 0 and 99")] = 0
+    # The catalog of actions and sagas (TOML); empty: the built-in shared/catalog.toml.
     catalog_path: str = ""
+    # Larger message bodies are refused.
     max_message_bytes: Annotated[Whole, _check(lambda n: n >= 1024, "must be at least 1024")] = (
         256 * 1024
     )
+    # A publish waiting for its confirm gives up after this.
     publish_timeout_s: Seconds = 10.0
+    # The broker's prefetch for an adapter's consumer.
     adapter_prefetch: Count = 32
     # The most action requests an adapter handles together (one statement, one confirm round,
     # one ack); 1 handles each alone.
     adapter_batch: Count = 32
+    # The broker's prefetch for a coordinator's partition consumer.
     partition_prefetch: Count = 64
     # The most messages a partition hands to one group commit: those at its head, of distinct
     # orders; 1 hands them one at a time.
@@ -162,18 +171,22 @@ class Settings(BaseSettings):
     # one before commits (never two messages of one order); 1 waits for each batch's outcome.
     # 3 against 2: 317.6 -> 329.0 refunds/s at 64 in flight, alternating rounds (none at 256).
     partition_depth: Count = 3
-    # How long a batch (a group commit, an adapter's batch) waits for more messages before it
-    # starts (``shared.linger``): the last batch's size times the per-message figure, at most
-    # the first; nothing after a batch of one, so concurrency 1 never waits. 0: never wait.
-    # Against 0 (refunds, alternating rounds): at 256 in flight 367.6 -> 393.4 sagas/s, 4.71
-    # -> 4.25 ms CPU a saga; at 64 CPU 7.51 -> 7.18 ms, sagas/s within the noise. A flat 5 ms
-    # saved more CPU at 64 but cost sagas/s at 16 (a small batch waits less here).
+    # How long a batch (a group commit, an adapter's batch) waits for more messages before it starts
+    # (``saga_shared.transport.linger``): the last batch's size times the per-message figure, at
+    # most the first; nothing after a batch of one, so concurrency 1 never waits. 0: never wait.
+    # Against 0 (refunds, alternating rounds): at 256 in flight 367.6 -> 393.4 sagas/s, 4.71 -> 4.25
+    # ms CPU a saga; at 64 CPU 7.51 -> 7.18 ms, sagas/s within the noise. A flat 5 ms saved more CPU
+    # at 64 but cost sagas/s at 16 (a small batch waits less here).
     batch_linger_ms: Millis = 5.0
     batch_linger_per_message_ms: Millis = 0.5
-    # The AMQP frames queued together go out in one socket write (``shared.frames``).
+    # The AMQP frames queued together go out in one socket write
+    # (``saga_shared.amqp_internals.frames``).
     coalesce_frames: bool = True
-    # The frames every message crosses coded directly instead of by pamqp (``shared.wire``).
+    # The frames every message crosses coded directly instead of by pamqp
+    # (``saga_shared.amqp_internals.wire``).
     fast_frames: bool = True
+    # The outbox relay's batch, and its fallback poll (also how often a standby relay asks
+    # for the relay lock).
     relay_batch: Count = 200
     relay_poll_s: Seconds = 0.5
     # A row the coordinator wrote to publish itself, still there after this long, is the
@@ -181,6 +194,7 @@ class Settings(BaseSettings):
     outbox_stale_s: Seconds = 5.0
     # How often each consumer checks that the broker has not cancelled it.
     watchdog_s: Seconds = 2.0
+    # How often due step deadlines and gate timeouts are fired.
     deadline_poll_s: Seconds = 0.5
     # How long a consumer holds a message while the database is unreachable before it gives up
     # on it (requeue, which counts towards the delivery limit).
@@ -206,11 +220,14 @@ class Settings(BaseSettings):
     # With n coordinator processes, give each its own k/n: it takes the partitions p % n == k
     # and stands by for the others (subscribed standby_after_s later). "0/1": all of them.
     coordinator_share: Annotated[str, AfterValidator(_share)] = "0/1"
+    # How long a coordinator waits before it subscribes to the partitions outside its share.
     standby_after_s: Seconds = 2.0
-    # Who is who on the broker (see shared.identity). "roles": every component connects as its
-    # own user and every message's sender is checked; "shared": one account for everything, for
-    # a developer's machine and tests only (nothing is verified).
+    # Who is who on the broker (see saga_shared.security.identity). "roles": every component
+    # connects as its own user and every message's sender is checked; "shared": one account for
+    # everything, for a developer's machine and tests only (nothing is verified).
     identity: Literal["roles", "shared"] = "roles"
+    # Role users are <prefix>coordinator, <prefix>inventory, ..., <prefix>ops; Postgres roles
+    # the same with "_".
     user_prefix: Annotated[
         str, _check(_PREFIX.match, "use [a-z][a-z0-9_-]*, at most 20 characters")
     ] = "saga-"

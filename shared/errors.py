@@ -1,8 +1,7 @@
 """The exception root of the project's shared layer.
 
-Habit: "retry later" is a different type from a real error, so the one place that settles a
-delivery (``shared.delivery``) can decide ack, requeue or dead-letter from the type alone.
-"""
+Habit: "retry later" is a different type from a real error, so the one place that settles a delivery
+(``saga_shared.transport.delivery``) can decide ack, requeue or dead-letter from the type alone."""
 
 from __future__ import annotations
 

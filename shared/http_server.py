@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 import uvicorn
 from starlette.types import ASGIApp
 
-from shared.config import parse_bind
-from shared.errors import ConfigError
+from saga_shared.config import parse_bind
+from saga_shared.errors import ConfigError
 
 
 def bound_socket(setting: str, bind: str) -> socket.socket:

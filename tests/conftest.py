@@ -1,4 +1,12 @@
-"""Fixtures shared by every test folder.
+"""Fixtures shared by every test folder, and the tiers, decided here by folder alone.
+
+Each test is marked with its folder's name (``unit``, ``twins``, ``integration``, ``chaos``,
+``docs``, ``packaging``). ``integration`` also marks every test that needs the real RabbitMQ or
+Postgres: all of ``integration``, ``chaos`` and ``packaging``, and the real half of each
+contract in ``twins``. ``fast`` marks the rest (the unit tests, the in-memory kit, the twins'
+in-memory halves, the simulation's smoke run, the documentation's checks):
+``bash scripts/test.sh --fast`` runs those, with neither service, and is what a developer runs
+on every change.
 
 Integration tests use the real RabbitMQ and Postgres named by SAGA_TEST_AMQP_URL and
 SAGA_TEST_DATABASE_URL (default: the local services). Each run gets its own database and its own
@@ -8,19 +16,47 @@ namespace of queues and exchanges, both removed at the end.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
-from shared.config import Settings
-from shared.migrations import drop_database, migrate
+from saga_shared.config import Settings
+from saga_shared.storage.migrations import drop_database, migrate
 
 AMQP_URL = os.environ.get("SAGA_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 DATABASE_SERVER = os.environ.get("SAGA_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/")
+
+
+TESTS = Path(__file__).parent
+NEEDS_THE_STACK = {"integration", "chaos", "packaging"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = item.path.relative_to(TESTS).parts[0]
+        item.add_marker(folder)
+        if folder in NEEDS_THE_STACK:
+            item.add_marker("integration")
+        elif item.get_closest_marker("integration") is None:
+            item.add_marker("fast")
+
+
+@pytest.fixture(autouse=True)
+def logging_as_it_was() -> Iterator[None]:
+    """A test that runs ``saga``'s group (CliRunner) has it configure logging: a rate limit on
+    every root handler, pytest's own among them. What it added goes when the test ends, so no
+    later test loses records to it."""
+    root = logging.getLogger()
+    kept = [(handler, list(handler.filters)) for handler in root.handlers]
+    yield
+    for handler, filters in kept:
+        handler.filters[:] = filters
 
 
 @pytest.fixture(scope="session")

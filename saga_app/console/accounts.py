@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from shared.errors import ConfigError
+from saga_shared.errors import ConfigError
 
 ConsoleRole = Literal["viewer", "operator"]
 ROLES: tuple[ConsoleRole, ...] = ("viewer", "operator")

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from saga_coordinator.register import SagaState
-from shared.client import CommandRejected, DeskRefused, SagaClient
-from shared.codec import describe
-from shared.messages import DeskReply
+from saga_shared.client import CommandRejected, DeskRefused, SagaClient
+from saga_shared.model.messages import DeskReply
+from saga_shared.transport.codec import describe
 
 # name: (the form field it needs, whether it may be blank, whether to ask first)
 DECISIONS: dict[str, tuple[str, bool, bool]] = {

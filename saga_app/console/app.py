@@ -33,9 +33,9 @@ from saga_app.console.web import (
     render,
     sign_in_redirect,
 )
-from shared.catalog import Catalog
-from shared.client import SagaClient
-from shared.ratelimit import TokenBuckets
+from saga_shared.client import SagaClient
+from saga_shared.model.catalog import Catalog
+from saga_shared.security.ratelimit import TokenBuckets
 
 log = logging.getLogger(__name__)
 _MAX_FORM_BYTES = 64 * 1024

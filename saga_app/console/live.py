@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from shared.bus import Bus
-from shared.codec import peek
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import peek
 
 log = logging.getLogger(__name__)
 _HEARTBEAT_S = 15.0

@@ -19,10 +19,10 @@ from saga_coordinator.incident import incident, render_markdown
 from saga_coordinator.processor import Processor
 from saga_coordinator.register import SagaState, SagaStatus
 from saga_coordinator.store import Store
-from shared.catalog import Catalog
-from shared.sql import Queries
-from shared.text import clean
-from shared.topology import Topology
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.text import clean
+from saga_shared.storage.sql import Queries
+from saga_shared.transport.topology import Topology
 
 Q = Queries(Path(__file__).with_name("views.sql"))
 STATUSES: tuple[str, ...] = get_args(SagaStatus)

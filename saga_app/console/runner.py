@@ -14,11 +14,11 @@ from saga_app.console.app import Console, create_app
 from saga_app.console.live import Hub, follow_events
 from saga_app.console.reads import ConsoleReads
 from saga_app.console.settings import ConsoleSettings
-from shared import http_server
-from shared.bus import Bus
-from shared.catalog import Catalog
-from shared.client import SagaClient
-from shared.identity import Directory
+from saga_shared import http_server
+from saga_shared.client import SagaClient
+from saga_shared.model.catalog import Catalog
+from saga_shared.security.identity import Directory
+from saga_shared.transport.bus import Bus
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.errors import ConfigError
+from saga_shared.errors import ConfigError
 
 
 class ConsoleSettings(BaseSettings):

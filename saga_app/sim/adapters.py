@@ -1,4 +1,4 @@
-"""An adapter process in the simulation: the product's adapter framework (``services.adapter``:
+"""An adapter process in the simulation: the product's adapter framework (``saga_services.adapter``:
 claims, retries, settles, batches, outcomes) around a service's functions, over the simulated
 broker, the services' key records in memory and the systems in memory. Deliveries that arrive
 together go as one batch (``handle_batch``), as the real consumer hands them; what a batch
@@ -14,11 +14,11 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from saga_app.sim.bus import SimBus
 from saga_app.sim.messages import FakeDelivery
-from services.adapter import Adapter
-from services.sdk import Result, Service
-from shared.bus import Bus
-from shared.delivery import Handler, InHand, deliver, deliver_batch
-from shared.messages import ActionRequest
+from saga_services.adapter import Adapter
+from saga_services.sdk import Result, Service
+from saga_shared.model.messages import ActionRequest
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.delivery import Handler, InHand, deliver, deliver_batch
 
 if TYPE_CHECKING:
     from saga_app.sim.world import World

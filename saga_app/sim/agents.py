@@ -1,7 +1,8 @@
 """The people and programs that send commands in the simulation: agents starting and aborting
 sagas, people deciding at gates and settling steps in doubt, an operator resuming and replaying
 dead letters, and a rogue agent sending what it may not. Each sends a command as the client
-library does (``shared.client``): with a reply queue, under one message id, sent again under the
+library does (``saga_shared.client``): with a reply queue, under one message id, sent again under
+the
 same id until it is answered; so every command is known to have been answered, or not."""
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from saga_app.sim.bus import SimBus
 from saga_app.sim.clients import Connection
 from saga_app.sim.errors import BrokerDown
 from saga_app.sim.messages import FakeDelivery
-from shared.codec import message_to_amqp
-from shared.messages import AnyCommand, CommandReply, QuerySaga
-from shared.trust import ON_BEHALF_HEADER
+from saga_shared.model.messages import AnyCommand, CommandReply, QuerySaga
+from saga_shared.security.trust import ON_BEHALF_HEADER
+from saga_shared.transport.codec import message_to_amqp
 
 if TYPE_CHECKING:
     from saga_app.sim.world import World

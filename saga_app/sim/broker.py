@@ -1,5 +1,6 @@
 """An in-memory RabbitMQ on the virtual loop (``saga_app.sim.loop``), with the semantics this
-system relies on (``../shared/design.md`` section 5), driven by one seeded ``random.Random``.
+system relies on (docs/explanation/design.md, "RabbitMQ and Postgres facts"), driven by
+one seeded ``random.Random``.
 
 - **Topology.** The exchanges, queues and bindings ``Topology.declare`` declares, each queue
   from the same AMQP arguments (``queues.queues_of``): the commands exchange is a topic
@@ -65,7 +66,7 @@ from saga_app.sim.errors import BrokerDown, NotFound, Unroutable
 from saga_app.sim.loop import at as date_at
 from saga_app.sim.messages import FakeDelivery, Stored, Verb
 from saga_app.sim.queues import Router, SimQueue, death_headers, exchanges_of, queues_of
-from shared.topology import Topology
+from saga_shared.transport.topology import Topology
 
 __all__ = [
     "Broker",

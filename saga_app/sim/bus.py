@@ -1,6 +1,6 @@
-"""What the project's code asks of ``shared.bus.Bus``, on a simulated connection: the adapter
-framework (``for_partition``, ``publish_many`` through ``shared.patience``) and the gatekeeper
-(``publish``) run unchanged over the simulated broker."""
+"""What the project's code asks of ``saga_shared.transport.bus.Bus``, on a simulated connection: the
+adapter framework (``for_partition``, ``publish_many`` through ``saga_shared.transport.patience``)
+and the gatekeeper (``publish``) run unchanged over the simulated broker."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from saga_app.sim.clients import Connection, Publishable
-from shared.codec import message_to_amqp
-from shared.config import Settings
-from shared.messages import Envelope, Outbound
-from shared.topology import Topology
+from saga_shared.config import Settings
+from saga_shared.model.messages import Envelope, Outbound
+from saga_shared.transport.codec import message_to_amqp
+from saga_shared.transport.topology import Topology
 
 Item = tuple[str, str, Publishable]
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from saga_coordinator.register import TERMINAL, SagaState, forward_key
-from shared.catalog import ActionClass
-from shared.messages import CommandReply
+from saga_shared.model.catalog import ActionClass
+from saga_shared.model.messages import CommandReply
 
 if TYPE_CHECKING:
     from saga_app.sim.world import World
@@ -123,8 +123,9 @@ def _orders(world: World) -> list[Violation]:
     for plan in world.plan.sagas:
         by_order[plan.order_id].append(plan.number)
     # A start the broker lost after confirming it (a single node killed within its loss
-    # window: README "Not yet") arrives again only when its agent resends it, behind a start
-    # sent after it: no product can keep the order of what the broker confirmed and dropped.
+    # window: docs/explanation/not-yet.md) arrives again only when its agent resends it,
+    # behind a start sent after it: no product can keep the order of what the broker
+    # confirmed and dropped.
     lost_ids = {e.message_id for e in world.broker.trace
                 if e.kind == "lost" and e.detail == "committed in the crash window"}  # fmt: skip
     lost = {f"s-{p.number}" for p in world.plan.sagas if f"m{p.number}-start" in lost_ids}

@@ -1,5 +1,6 @@
 """A simulated process's side of the broker: its ``Connection`` (publishing with confirms) and
-each ``Consumer`` it subscribes (one channel each, as ``shared.consumer`` opens them)."""
+each ``Consumer`` it subscribes (one channel each, as ``saga_shared.transport.consumer`` opens
+them)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ Closed = Callable[[str], object]  # told why, once, when a connection or consume
 
 
 class Publishable(Protocol):
-    """``shared.codec.Outgoing`` or ``aio_pika.Message``."""
+    """``saga_shared.transport.codec.Outgoing`` or ``aio_pika.Message``."""
 
     @property
     def body(self) -> bytes: ...

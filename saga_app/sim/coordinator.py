@@ -1,10 +1,10 @@
 """A coordinator process in the simulation: the product's own gatekeeper, processor, dead-letter
-judge and delivery rules (``shared.delivery``) over the simulated broker and the in-memory store
-(``saga_app.sim.store``), as ``saga_coordinator.coordinator`` runs them over RabbitMQ and
-Postgres. What differs is only the I/O: each partition's deliveries are handled one at a time in
-arrival order with a prefetch above one (so a message that fails has later ones of its order in
-hand, as the real consumer has), the outbox rows of a transaction are published right after its
-commit and deleted once confirmed, a relay republishes rows left behind, a timer fires
+judge and delivery rules (``saga_shared.transport.delivery``) over the simulated broker and the
+in-memory store (``saga_app.sim.store``), as ``saga_coordinator.coordinator`` runs them over
+RabbitMQ and Postgres. What differs is only the I/O: each partition's deliveries are handled one at
+a time in arrival order with a prefetch above one (so a message that fails has later ones of its
+order in hand, as the real consumer has), the outbox rows of a transaction are published right after
+its commit and deleted once confirmed, a relay republishes rows left behind, a timer fires
 deadlines, and dead letters are judged, stored and block their orders."""
 
 from __future__ import annotations
@@ -25,14 +25,19 @@ from saga_coordinator.memory import MemoryTx
 from saga_coordinator.processor import Processor
 from saga_coordinator.rows import OutboxRow
 from saga_coordinator.store import Store
-from shared import trust
-from shared.bus import Bus
-from shared.codec import PARTITION, check_order_header, decode_incoming, identify_incoming
-from shared.delivery import Outcome, deliver
-from shared.errors import InvalidMessage
-from shared.messages import DeskCommand, PartitionMessage, QuerySaga
-from shared.topology import partition_of
-from shared.trust import Forged
+from saga_shared.errors import InvalidMessage
+from saga_shared.model.messages import DeskCommand, PartitionMessage, QuerySaga
+from saga_shared.security import trust
+from saga_shared.security.trust import Forged
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import (
+    PARTITION,
+    check_order_header,
+    decode_incoming,
+    identify_incoming,
+)
+from saga_shared.transport.delivery import Outcome, deliver
+from saga_shared.transport.topology import partition_of
 
 if TYPE_CHECKING:
     from saga_app.sim.world import World
@@ -132,7 +137,8 @@ class CoordinatorProcess:
     async def _on_failure(
         self, delivery: AbstractIncomingMessage, error: BaseException, outcome: Outcome
     ) -> None:
-        """``shared.failures.failure_recorder``'s rule: a valid message that failed and will
+        """``saga_shared.transport.failures.failure_recorder``'s rule: a valid message that failed
+        and will
         be retried blocks its order, so later ones in hand wait behind it; with the database
         away the block's write is held and retried, never skipped."""
         ident = identify_incoming(delivery)

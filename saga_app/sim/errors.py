@@ -1,12 +1,13 @@
 """What the simulated broker raises: aiormq's own exception types where RabbitMQ would make
-aiormq raise them, so the project's handling (``shared.patience``, ``shared.bus.unroutable``,
+aiormq raise them, so the project's handling (``saga_shared.transport.patience``,
+``saga_shared.transport.bus.unroutable``,
 ``aio_pika.exceptions.CONNECTION_EXCEPTIONS``) treats them as it treats the real ones."""
 
 from __future__ import annotations
 
 import aiormq.exceptions
 
-from shared.memory_bus import Unroutable
+from saga_shared.transport.memory_bus import Unroutable
 
 __all__ = [
     "BrokerDown",

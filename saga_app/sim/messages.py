@@ -1,7 +1,8 @@
-"""What the simulated broker holds and hands out: a message as published (``Props``), a copy of
-it in one queue (``Stored``), and a delivery of it to one consumer (``FakeDelivery``), which is an
+"""What the simulated broker holds and hands out: a message as published (``Props``), a copy of it
+in one queue (``Stored``), and a delivery of it to one consumer (``FakeDelivery``), which is an
 ``aio_pika.abc.AbstractIncomingMessage`` for every attribute and method the project reads
-(``shared.codec``, ``shared.delivery``, ``shared.patience``, the dead-letter ingester)."""
+(``saga_shared.transport.codec``, ``saga_shared.transport.delivery``,
+``saga_shared.transport.patience``, the dead-letter ingester)."""
 
 from __future__ import annotations
 

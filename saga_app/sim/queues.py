@@ -10,8 +10,8 @@ from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 from saga_app.sim.messages import Stored
-from shared.memory_bus import topic_matches
-from shared.topology import Topology
+from saga_shared.transport.memory_bus import topic_matches
+from saga_shared.transport.topology import Topology
 
 
 class Taker(Protocol):

@@ -18,8 +18,8 @@ from saga_app.sim import loop
 from saga_app.sim.checks import Violation, check
 from saga_app.sim.plan import Plan, generate
 from saga_app.sim.world import World
-from shared.ids import seeded
-from shared.messages import stamped_by
+from saga_shared.model.ids import seeded
+from saga_shared.model.messages import stamped_by
 
 
 @dataclass

@@ -14,8 +14,7 @@ from pydantic import JsonValue
 from saga_app.sim.adapters import AdapterProcess
 from saga_app.sim.plan import Fault, SagaPlan
 from saga_coordinator.register import TERMINAL, SagaState, Step, forward_key
-from shared.codec import message_to_amqp
-from shared.messages import (
+from saga_shared.model.messages import (
     AbortSaga,
     ActionDone,
     ApproveSaga,
@@ -24,6 +23,7 @@ from shared.messages import (
     SettleSaga,
     StartSaga,
 )
+from saga_shared.transport.codec import message_to_amqp
 
 if TYPE_CHECKING:
     from saga_app.sim.coordinator import CoordinatorProcess

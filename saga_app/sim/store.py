@@ -2,7 +2,7 @@
 (``saga_coordinator.memory``, held to the Postgres store's contract), shared by every
 coordinator process as Postgres is, which a fault can take away for a while. While it is away a
 transaction raises what asyncpg raises for a lost connection, so the product's own rule
-(``shared.sql.is_transient``) decides whether a message is held or fails."""
+(``saga_shared.storage.sql.is_transient``) decides whether a message is held or fails."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import asyncpg
 
 from saga_coordinator.memory import MemoryStore, MemoryTx
 from saga_coordinator.rows import OutboxRow
-from shared import sql
-from shared.errors import RetryLater
+from saga_shared.errors import RetryLater
+from saga_shared.storage import sql
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -1,5 +1,6 @@
 """What the simulation's adapters call: the four built-in simulated systems in memory
-(``services.simulated_memory``, atomic with their key record), and a system of one's own written
+(``saga_services.simulated_memory``, atomic with their key record), and a system of one's own
+written
 with the adapter SDK as a user would: an SMS gateway, irreversible, NOT atomic with the key
 record (it is somewhere else), which may answer late or land after its caller gave up, with or
 without a ``status`` hook. Its catalog entry and a saga using it join the shipped catalog."""
@@ -14,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from services.sdk import Call, KeyQuery, KeyStatus, Resources, Result, Service
-from shared.catalog import Catalog
-from shared.gateway import check_catalog
+from saga_services.sdk import Call, KeyQuery, KeyStatus, Resources, Result, Service
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.gateway import check_catalog
 
 SMS = "sms.send_text"
 

@@ -13,7 +13,6 @@ from collections import Counter
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from saga_app.sim import scripts
@@ -27,19 +26,23 @@ from saga_app.sim.store import SimStore
 from saga_app.sim.systems import Gateway, sim_catalog, sms_service
 from saga_coordinator.dead_letters import Death, Judgement
 from saga_coordinator.register import SagaState
-from services.keys import MemoryKeys
-from services.registry import SYSTEMS
-from services.sdk import Service
-from services.simulated_memory import MemorySystems
-from shared.catalog import Catalog
-from shared.codec import Identity
-from shared.config import Settings
-from shared.gateway import load_catalog
-from shared.identity import Directory
-from shared.messages import ActionRequest, AnyCommand, CommandReply, PartitionMessage, QuerySaga
-from shared.topology import Topology
-
-ROOT = Path(__file__).resolve().parents[2]
+from saga_services.keys import MemoryKeys
+from saga_services.registry import SYSTEMS
+from saga_services.sdk import Service
+from saga_services.simulated_memory import MemorySystems
+from saga_shared.config import Settings
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.gateway import load_catalog
+from saga_shared.model.messages import (
+    ActionRequest,
+    AnyCommand,
+    CommandReply,
+    PartitionMessage,
+    QuerySaga,
+)
+from saga_shared.security.identity import Directory
+from saga_shared.transport.codec import Identity
+from saga_shared.transport.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,7 @@ class World:
             delivery_limit=5, user_prefix=self.users.prefix, events="*",
             agent_rate=1_000_000, agent_burst=1_000_000,  # the rate is not what is simulated
         )  # fmt: skip
-        self.catalog = catalog or sim_catalog(load_catalog(ROOT / "shared" / "catalog.toml"))
+        self.catalog = catalog or sim_catalog(load_catalog(Settings().catalog_file))
         self.topology = dataclasses.replace(
             Topology.from_settings(self.settings), declared_services=self.catalog.services
         )
@@ -203,7 +206,7 @@ class World:
     async def crash_point(self, process: CoordinatorProcess | AdapterProcess, point: str) -> None:
         """Where the plan kills a process on purpose (a fault of kind "point", armed at its
         time, fires the next time the process passes the point): it dies there, as
-        ``shared.crashpoints`` kills a real one, and comes back later."""
+        ``saga_shared.crashpoints`` kills a real one, and comes back later."""
         armed = self.armed.get(process.name)
         if armed is None or armed[0] != point or self.quiet:
             return

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.params import Params, Text
-from services.sdk import Call, Result
-from services.simulated import Simulated, new_id, simulated_service
+from saga_services.params import Params, Text
+from saga_services.sdk import Call, Result
+from saga_services.simulated import Simulated, new_id, simulated_service
 
 SERVICE = simulated_service("email")
 

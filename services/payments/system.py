@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.params import Params, Text
-from services.sdk import Call, Result, Undo
-from services.simulated import Simulated, new_id, simulated_service
+from saga_services.params import Params, Text
+from saga_services.sdk import Call, Result, Undo
+from saga_services.simulated import Simulated, new_id, simulated_service
 
 CHARGE = "payments.charge_card"
 REFUND = "payments.refund_charge"

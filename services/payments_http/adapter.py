@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
-from services.errors import Permanent, Transient
-from services.payments.system import CHARGE, REFUND, Charge, Refund
-from services.sdk import Call, KeyQuery, KeyStatus, Resources, Result, Service
+from saga_services.errors import Permanent, Transient
+from saga_services.payments.system import CHARGE, REFUND, Charge, Refund
+from saga_services.sdk import Call, KeyQuery, KeyStatus, Resources, Result, Service
 
 
 @contextlib.asynccontextmanager

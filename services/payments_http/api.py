@@ -39,10 +39,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from services.store import Conn, row_dict
-from shared import http_server
-from shared.codec import describe
-from shared.sql import Queries
+from saga_services.store import Conn, row_dict
+from saga_shared import http_server
+from saga_shared.storage.sql import Queries
+from saga_shared.transport.codec import describe
 
 Q = Queries(Path(__file__).with_name("queries.sql"))
 MAX_BODY = 64 * 1024

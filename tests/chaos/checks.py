@@ -1,4 +1,5 @@
-"""Every rule of design.md section 4, checked for every saga against the database itself.
+"""Every rule of the design (docs/explanation/design.md), checked for every saga against the
+database itself.
 
 ``observe`` reads the disposable database once (registers, the simulated systems' effects and
 idempotency records, dead letters, blocks); ``verify`` is pure and returns every violation with
@@ -38,7 +39,7 @@ IRREVERSIBLE = frozenset({"email.send_customer_email", "email.send_confirmation"
 # The wording the machine uses when a deadline gives up on a step (no answer after N sends):
 # allowed by design, reported apart from faults so it is visible.
 DEADLINE_WORDS = "no answer after"
-# A crash used up a send's attempts (services.calls): like a deadline, the faults then decide
+# A crash used up a send's attempts (saga_services.calls): like a deadline, the faults then decide
 # less than the crash did.
 SPENT_WORDS = "the attempts of"
 

@@ -14,7 +14,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tests.chaos",
         description="Sagas with injected faults on a disposable broker and database while every "
-        "process is killed at random; then every rule of design.md section 4 is checked.",
+        "process is killed at random; then every rule of the design "
+        "(docs/explanation/design.md) is checked.",
     )
     parser.add_argument("--sagas", type=int, default=1000)
     parser.add_argument("--seed", type=int)

@@ -32,7 +32,7 @@ class RabbitCluster(_Instance):
         self.nodes = [DisposableRabbit() for _ in range(size)]
 
     def url(self, vhost: str = "") -> str:
-        """Every node, as ``shared.addresses`` reads it."""
+        """Every node, as ``saga_shared.addresses`` reads it."""
         hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
         return f"amqp://guest:guest@{hosts}/{vhost}"
 

@@ -16,10 +16,10 @@ import uuid
 from pydantic import JsonValue
 
 from saga_app.stack import Stack
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
-from shared.migrations import migrate
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.storage.migrations import migrate
+from saga_shared.transport.bus import Bus
 from tests.chaos.cluster import RabbitCluster
 from tests.chaos.instances import DisposablePostgres, DisposableRabbit
 

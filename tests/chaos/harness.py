@@ -1,6 +1,7 @@
 """The chaos run: the whole system as real processes on a disposable broker and database, a load
 of sagas with injected faults, and random SIGKILLs and restarts of everything while it runs.
-Then every rule of design.md section 4 is checked for every saga (``tests.chaos.checks``).
+Then every rule of the design (docs/explanation/design.md) is checked for every saga
+(``tests.chaos.checks``).
 
     result = await run_chaos(ChaosConfig(sagas=1000))      # from a test
     python -m tests.chaos --sagas 10000 --seed 7            # by hand (see __main__)
@@ -30,11 +31,11 @@ from typing import Any
 
 import asyncpg
 
-from services.faults import clear_faults
-from shared.bus import Bus
-from shared.config import Settings
-from shared.messages import ResumeSaga
-from shared.migrations import migrate
+from saga_services.faults import clear_faults
+from saga_shared.config import Settings
+from saga_shared.model.messages import ResumeSaga
+from saga_shared.storage.migrations import migrate
+from saga_shared.transport.bus import Bus
 from tests.chaos.checks import Observed, Verdict, observe, verify
 from tests.chaos.cluster import RabbitCluster, ReplicatedPostgres
 from tests.chaos.instances import DisposablePostgres, DisposableRabbit

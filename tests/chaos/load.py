@@ -27,11 +27,11 @@ from typing import Any, Literal
 import asyncpg
 from pydantic import JsonValue
 
-from services.faults import MAX_TRANSIENT, add_fault
-from shared.bus import Bus
-from shared.catalog import ActionClass, Catalog
-from shared.config import Settings
-from shared.messages import AbortSaga, ResumeSaga, StartSaga
+from saga_services.faults import MAX_TRANSIENT, add_fault
+from saga_shared.config import Settings
+from saga_shared.model.catalog import ActionClass, Catalog
+from saga_shared.model.messages import AbortSaga, ResumeSaga, StartSaga
+from saga_shared.transport.bus import Bus
 
 VALIDATE_ADDRESS = "erp.validate_address"
 CLOSED_ADDRESS = "Closed depot, 7 Harbour Quay"

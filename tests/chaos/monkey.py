@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.catalog import Catalog, answer_within_s, service_of
-from shared.config import Settings
-from shared.gateway import load_catalog
+from saga_shared.config import Settings
+from saga_shared.model.catalog import Catalog, answer_within_s, service_of
+from saga_shared.model.gateway import load_catalog
 
 if TYPE_CHECKING:
     from tests.chaos.harness import ChaosConfig, ChaosSystem
@@ -38,7 +38,8 @@ def chaos_catalog() -> Catalog:
 
 def longest_answer_window_s(service: str) -> float:
     """The longest time the coordinator waits for an answer from ``service`` before it sends
-    a request again (``shared.catalog.answer_within_s``), over its actions and compensations."""
+    a request again (``saga_shared.model.catalog.answer_within_s``), over its actions and
+    compensations."""
     catalog = chaos_catalog()
     windows = [
         *((n, answer_within_s(a.timeout_s, a.retry)) for n, a in catalog.actions.items()),

@@ -1,5 +1,5 @@
 """What a single RabbitMQ node loses when it is SIGKILLed: an experiment on a disposable
-broker (never the machine's), run by hand, its findings in the README ("Crash safety").
+broker (never the machine's), run by hand, its findings in docs/explanation/crash-safety.md.
 
     .venv/bin/python -m tests.chaos.quorum_loss
 

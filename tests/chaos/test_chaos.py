@@ -2,7 +2,8 @@
 SIGKILLed at random (about every 1.5 s), the broker and the database are each restarted twice
 (a crash, then a clean stop), an adapter hangs for 40 s (SIGSTOP: the coordinator's deadlines
 fire), the agents abort some sagas and, after the chaos, an operator resumes half the sagas in
-needs_human; then every rule of design.md section 4 is checked for every saga.
+needs_human; then every rule of the design (docs/explanation/design.md) is checked for every
+saga.
 Sized to take about two minutes on a 2-core machine; the big version runs by hand:
 ``python -m tests.chaos --sagas 10000``.
 
@@ -17,8 +18,6 @@ import pytest
 
 from tests.chaos.harness import ChaosConfig, run_chaos
 from tests.chaos.processes import COMPONENTS
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.mark.timeout(900)

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.config import Settings
-from shared.gateway import load_catalog
+from saga_shared.config import Settings
+from saga_shared.model.gateway import load_catalog
 from tests.chaos.checks import (
     RESULT_ID,
     UNDONE,

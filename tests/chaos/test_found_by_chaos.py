@@ -9,7 +9,8 @@ move: the order stays blocked for good, its running saga's outcomes and deadline
 behind the block, nothing is dead-lettered and no operator is told.
 
 Here the same interleaving is produced on purpose with the production pieces (the intake's
-handler through ``shared.delivery.deliver``, the failure hook, the coordinator), on a disposable
+handler through ``saga_shared.transport.delivery.deliver``, the failure hook, the coordinator), on a
+disposable
 broker and database: start 1 is forwarded and not yet applied (the coordinator is not running
 yet), then forwarding start 2 fails (its partition is unbound for that moment, so the mandatory
 publish comes back unroutable, as a lost connection makes it fail), then everything runs
@@ -35,19 +36,17 @@ from aio_pika.abc import AbstractIncomingMessage
 from saga_coordinator.coordinator import Coordinator
 from saga_coordinator.intake import Intake
 from saga_coordinator.store import Store
-from shared.bus import Bus
-from shared.codec import identify_incoming
-from shared.config import Settings
-from shared.delivery import Outcome, deliver
-from shared.failures import Q
-from shared.gateway import load_catalog
-from shared.messages import StartSaga
-from shared.migrations import migrate
-from shared.trust import forwarded_id
+from saga_shared.config import Settings
+from saga_shared.model.gateway import load_catalog
+from saga_shared.model.messages import StartSaga
+from saga_shared.security.trust import forwarded_id
+from saga_shared.storage.migrations import migrate
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import identify_incoming
+from saga_shared.transport.delivery import Outcome, deliver
+from saga_shared.transport.failures import Q
 from tests.chaos.instances import DisposablePostgres, DisposableRabbit
 from tests.integration.helpers import remove_namespace
-
-pytestmark = pytest.mark.integration
 
 ORDER = "ord-found-1"
 REFUND = {"sku": "SKU-1", "quantity": 1, "amount_cents": 500, "customer_email": "a@example.com"}

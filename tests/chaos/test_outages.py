@@ -13,8 +13,6 @@ import pytest
 
 from tests.chaos.harness import ChaosConfig, ChaosResult, ChaosSystem, Disruption, run_chaos
 
-pytestmark = pytest.mark.integration
-
 SAGAS = 300
 RATE = 15.0  # the load lasts 20 s; the outage starts 5 s in, while sagas keep arriving
 OUTAGE_AT_S = 5.0

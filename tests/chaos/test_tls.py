@@ -16,9 +16,9 @@ from saga_app.stack import Stack
 from saga_coordinator.access import definitions, ensure_passwords, grants
 from saga_coordinator.provision import Report, database_passwords, declare_topology, setup_database
 from saga_coordinator.tls import make_development_ca
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.transport.bus import Bus
 from tests.chaos.instances import DisposablePostgres, DisposableRabbit
 from tests.integration.helpers import REFUND
 from tests.integration.test_gates_and_abort import CHECKOUT

@@ -10,11 +10,11 @@ import pytest
 
 from saga_app.stack import Stack
 from saga_coordinator.processor import Processor
-from shared.bus import Bus
-from shared.catalog import Catalog
-from shared.client import SagaClient
-from shared.config import Settings
-from shared.gateway import load_catalog
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.gateway import load_catalog
+from saga_shared.transport.bus import Bus
 from tests.conftest import AMQP_URL
 from tests.integration.deployment import Deployment
 from tests.integration.helpers import forget_outbox, remove_namespace

@@ -14,8 +14,8 @@ from saga_app.console.app import Console, create_app
 from saga_app.console.live import Hub
 from saga_app.console.reads import ConsoleReads
 from saga_app.stack import Stack
-from shared.bus import Bus
-from shared.client import SagaClient
+from saga_shared.client import SagaClient
+from saga_shared.transport.bus import Bus
 
 PASSWORDS = {"ana": "ana-long-password", "vic": "vic-long-password"}
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')

@@ -23,9 +23,9 @@ from saga_coordinator.provision import (
     setup_broker,
     setup_database,
 )
-from shared.bus import Bus
-from shared.config import Settings
-from shared.identity import Directory, db_role
+from saga_shared.config import Settings
+from saga_shared.security.identity import Directory, db_role
+from saga_shared.transport.bus import Bus
 
 
 class Deployment:

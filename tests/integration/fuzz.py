@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from shared.topology import partition_of
+from saga_shared.transport.topology import partition_of
 from tests.integration.helpers import REFUND
 
 # Values a careless or hostile sender puts anywhere. Sentinels become JSON that json.dumps

@@ -18,10 +18,10 @@ from pydantic import JsonValue
 
 from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
-from shared.bus import Bus
-from shared.config import Settings
-from shared.messages import StartSaga
-from shared.topology import partition_of
+from saga_shared.config import Settings
+from saga_shared.model.messages import StartSaga
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.topology import partition_of
 
 T = TypeVar("T")
 

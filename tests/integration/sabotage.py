@@ -9,7 +9,7 @@ from datetime import datetime
 from saga_coordinator.processor import Processor
 from saga_coordinator.rows import Claim
 from saga_coordinator.store import Tx
-from shared.messages import PartitionMessage
+from saga_shared.model.messages import PartitionMessage
 
 Handle = Callable[[Processor, Tx, PartitionMessage, Claim, datetime], Awaitable[str]]
 

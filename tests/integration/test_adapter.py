@@ -16,19 +16,17 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import JsonValue
 
-from services.adapter import Adapter
-from services.effects import effects_for_order
-from services.faults import add_fault
-from services.store import Q
-from shared.bus import Bus, refused_for_now
-from shared.catalog import Catalog
-from shared.codec import PARTITION
-from shared.config import Settings
-from shared.errors import RetryLater
-from shared.messages import ActionDone, ActionFailed, ActionRequest, PartitionMessage
-from shared.topology import partition_of
-
-pytestmark = pytest.mark.integration
+from saga_services.adapter import Adapter
+from saga_services.effects import effects_for_order
+from saga_services.faults import add_fault
+from saga_services.store import Q
+from saga_shared.config import Settings
+from saga_shared.errors import RetryLater
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.messages import ActionDone, ActionFailed, ActionRequest, PartitionMessage
+from saga_shared.transport.bus import Bus, refused_for_now
+from saga_shared.transport.codec import PARTITION
+from saga_shared.transport.topology import partition_of
 
 RESERVE = "inventory.reserve_stock"
 PARAMS: dict[str, JsonValue] = {"sku": "SKU-9", "quantity": 3}

@@ -8,26 +8,23 @@ import asyncio
 
 import aio_pika
 import asyncpg
-import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from services.adapter import Adapter
-from services.errors import Permanent, Transient
-from services.faults import add_fault
-from services.registry import SYSTEMS
-from services.sdk import batch_scope
-from services.simulated import Simulated
-from services.store import Q
-from shared.bus import Bus
-from shared.catalog import Catalog
-from shared.codec import PARTITION
-from shared.config import Settings
-from shared.delivery import Alone, InHand, deliver_batch
-from shared.errors import InvalidMessage
-from shared.messages import ActionDone, ActionFailed, ActionRequest, PartitionMessage
+from saga_services.adapter import Adapter
+from saga_services.errors import Permanent, Transient
+from saga_services.faults import add_fault
+from saga_services.registry import SYSTEMS
+from saga_services.sdk import batch_scope
+from saga_services.simulated import Simulated
+from saga_services.store import Q
+from saga_shared.config import Settings
+from saga_shared.errors import InvalidMessage
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.messages import ActionDone, ActionFailed, ActionRequest, PartitionMessage
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import PARTITION
+from saga_shared.transport.delivery import Alone, InHand, deliver_batch
 from tests.integration.test_adapter import RESERVE, reserve_request
-
-pytestmark = pytest.mark.integration
 
 INVENTORY = SYSTEMS["inventory"]
 

@@ -14,10 +14,10 @@ import pamqp.frame
 import pytest
 
 from saga_app.stack import Stack
-from shared import incoming, wire
-from shared.bus import Bus
-from shared.client import CommandRejected, SagaClient
-from shared.config import Settings
+from saga_shared.amqp_internals import incoming, wire
+from saga_shared.client import CommandRejected, SagaClient
+from saga_shared.config import Settings
+from saga_shared.transport.bus import Bus
 from tests.integration.helpers import eventually, remove_namespace
 from tests.integration.test_sagas import REFUND, run_saga
 

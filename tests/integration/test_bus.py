@@ -1,5 +1,6 @@
 """The bus's batch publish keeps the list's order on the wire and reports each message apart,
-queued in one go (``shared.batch``: messages with ids) or one publish at a time (without)."""
+queued in one go (``saga_shared.amqp_internals.batch``: messages with ids) or one publish at a time
+(without)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import aio_pika
 import aiormq
 import pytest
 
-from shared.bus import Bus
+from saga_shared.transport.bus import Bus
 
 pytestmark = pytest.mark.parametrize("ids", [True, False], ids=["batched", "one-by-one"])
 

@@ -1,5 +1,6 @@
-"""The README's cheat sheet, run line by line as written, against a running stack: every
-command ends as the comment beside it says, and the sagas end as the story says."""
+"""The first tutorial's cheat sheet (docs/tutorials/first-saga.md), run line by line as
+written, against a running stack: every command ends as the comment beside it says, and the
+sagas end as the story says."""
 
 from __future__ import annotations
 
@@ -13,20 +14,18 @@ from pathlib import Path
 import pytest
 
 from saga_app.stack import Stack
-from shared.config import Settings
+from saga_shared.config import Settings
 from tests.integration.helpers import saga_env, terminal
 from tests.integration.test_payments_http import free_port
 
-pytestmark = pytest.mark.integration
-
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs/tutorials/first-saga.md"
 START = "```sh\n. .venv/bin/activate; export SAGA_SECRETS_DIR"
 
 
 def cheat_sheet() -> list[str]:
     """The block's commands, continuation lines joined, the set-up line and comments left out
     (the test sets up its own environment)."""
-    text = README.read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     block = text[text.index(START) : text.index("```\n", text.index(START) + 5)]
     joined = re.sub(r"\\\n\s*", " ", block).splitlines()[2:]
     return [line for line in joined if line.strip() and not line.lstrip().startswith("#")]

@@ -13,8 +13,8 @@ import asyncpg
 import pytest
 
 from saga_app.stack import Stack
-from shared.bus import Bus
-from shared.config import Settings
+from saga_shared.config import Settings
+from saga_shared.transport.bus import Bus
 from tests.integration.helpers import (
     eventually,
     publish_start,
@@ -125,8 +125,9 @@ async def test_refusals_exit_non_zero_with_the_reason(
 async def test_operator_finds_understands_and_replays_a_dead_letter(
     stack: Stack, settings: Settings, pool: asyncpg.Pool, order_id: str
 ) -> None:
-    """The README's session: a bad deploy renamed the e-mail system's table, so its adapter
-    fails on every delivery; the request is dead-lettered and the customer's next refund waits
+    """The dead-letters guide's session (docs/how-to/dead-letters.md): a bad deploy renamed
+    the e-mail system's table, so its adapter fails on every delivery; the request is
+    dead-lettered and the customer's next refund waits
     behind it until the table is back and the operator replays it."""
     await pool.execute("ALTER TABLE sim_email_messages RENAME TO sim_email_messages_gone")
     try:

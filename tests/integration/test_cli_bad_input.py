@@ -22,10 +22,8 @@ import pytest
 
 from saga_app.cli import main
 from saga_app.stack import Stack
-from shared.config import Settings
+from saga_shared.config import Settings
 from tests.integration.helpers import saga_env
-
-pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 HUGE = "9" * 10_000

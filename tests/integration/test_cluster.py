@@ -13,11 +13,11 @@ import asyncpg
 import pytest
 
 from saga_app.stack import Stack
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
-from shared.messages import StartSaga
-from shared.migrations import migrate
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.model.messages import StartSaga
+from saga_shared.storage.migrations import migrate
+from saga_shared.transport.bus import Bus
 from tests.chaos.cluster import RabbitCluster, ReplicatedPostgres
 from tests.chaos.instances import DisposablePostgres, DisposableRabbit
 from tests.integration.helpers import REFUND

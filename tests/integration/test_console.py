@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from saga_app.stack import Stack
-from shared.client import SagaClient
+from saga_shared.client import SagaClient
 from tests.integration.console_kit import accounts_file, console_http, sign_in, token
 from tests.integration.helpers import eventually, publish_start, terminal
 from tests.integration.sabotage import Sabotage

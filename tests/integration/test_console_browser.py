@@ -1,7 +1,8 @@
 """The console in a real browser (headless Chromium driven by Playwright): what an operator
 does with it, end to end, against the stack on the real RabbitMQ and Postgres.
 
-``SAGA_CONSOLE_SCREENSHOTS=docs/console`` keeps each page's screenshot there (the README's)."""
+``SAGA_CONSOLE_SCREENSHOTS=docs/console`` keeps each page's screenshot there
+(docs/how-to/console.md shows them)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from playwright.async_api import Page, async_playwright, expect
 
 from saga_app.console.settings import ConsoleSettings
 from saga_app.stack import Stack
-from services.faults import add_fault, clear_faults
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
+from saga_services.faults import add_fault, clear_faults
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.transport.bus import Bus
 from tests.integration.console_kit import PASSWORDS, accounts_file
 from tests.integration.helpers import REFUND, eventually, publish_start, remove_namespace, terminal
 from tests.integration.sabotage import Sabotage

@@ -8,8 +8,8 @@ import asyncpg
 import pytest
 
 from saga_app.stack import Stack
-from shared.client import CommandRejected
-from shared.config import Settings
+from saga_shared.client import CommandRejected
+from saga_shared.config import Settings
 from tests.integration.deployment import Deployment
 from tests.integration.test_gates_and_abort import CHECKOUT
 from tests.integration.test_roles import As

@@ -11,9 +11,9 @@ import jsonschema
 from aio_pika.abc import AbstractIncomingMessage
 
 from saga_app.stack import Stack
-from services.faults import add_fault
-from shared.client import SagaClient
-from shared.contract import ADAPTER, COMMANDS
+from saga_services.faults import add_fault
+from saga_shared.client import SagaClient
+from saga_shared.transport.contract import ADAPTER, COMMANDS
 from tests.integration.helpers import REFUND, terminal
 from tests.integration.test_gates_and_abort import CHECKOUT, at_gate
 

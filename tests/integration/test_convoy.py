@@ -16,12 +16,12 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
-from shared.messages import AbortSaga, AnyCommand, StartSaga
-from shared.topology import partition_of
-from shared.trust import forwarded_id
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.model.messages import AbortSaga, AnyCommand, StartSaga
+from saga_shared.security.trust import forwarded_id
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.topology import partition_of
 from tests.integration.helpers import REFUND, eventually, remove_namespace, saga_env, terminal
 
 ORDERS = 200

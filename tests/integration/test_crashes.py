@@ -15,9 +15,9 @@ import asyncpg
 import pytest
 
 from saga_app.stack import Stack
-from shared.bus import Bus
-from shared.config import Settings
-from shared.crashpoints import CRASH_EXIT
+from saga_shared.config import Settings
+from saga_shared.crashpoints import CRASH_EXIT
+from saga_shared.transport.bus import Bus
 from tests.integration.helpers import (
     Processes,
     consumers_of,
@@ -185,7 +185,7 @@ async def test_sigterm_finishes_the_message_in_hand(
     catalog.write_text(text)
     slow = settings.with_(catalog_path=str(catalog))
     procs.settings = slow
-    from services.faults import add_fault
+    from saga_services.faults import add_fault
 
     await add_fault(pool, "erp.create_credit_note", order_id, "transient:2")
     async with (

@@ -16,14 +16,14 @@ from saga_app.stack import Stack
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.intake import Intake
 from saga_coordinator.processor import Processor
-from services.adapter import Adapter, Incoming
-from services.faults import add_fault
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.codec import peek
-from shared.config import Settings
-from shared.messages import AnyCommand, PartitionMessage
-from shared.trust import forwarded_id
+from saga_services.adapter import Adapter, Incoming
+from saga_services.faults import add_fault
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.model.messages import AnyCommand, PartitionMessage
+from saga_shared.security.trust import forwarded_id
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import peek
 from tests.integration.helpers import (
     REFUND,
     eventually,

@@ -16,11 +16,11 @@ from saga_app.stack import Stack
 from saga_coordinator.desk import DeadLetterDesk
 from saga_coordinator.processor import Processor
 from saga_coordinator.store import Tx
-from shared import trust
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
-from shared.messages import ReplayDeadLetters, Sender, StartSaga
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.model.messages import ReplayDeadLetters, Sender, StartSaga
+from saga_shared.security import trust
+from saga_shared.transport.bus import Bus
 from tests.integration.helpers import (
     REFUND,
     eventually,
@@ -322,7 +322,9 @@ async def test_ingester_killed_before_commit_loses_no_dead_letter(
         )
         await setup.publish_raw(setup.topology.dead_letter_exchange, "", dead)
 
-        doomed_bus = Bus(settings)
+        # A killed process has no grace for the deliveries in hand: none is given, rather than
+        # waiting out SAGA_STOP_GRACE_S (30 s) for a commit that never comes.
+        doomed_bus = Bus(settings.with_(stop_grace_s=0.1))
         await doomed_bus.connect()
         doomed = asyncio.create_task(DeadLetterIngester(settings, doomed_bus, Frozen(pool)).run())
         await asyncio.wait_for(entered.wait(), 10)

@@ -10,9 +10,9 @@ import pytest
 
 from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.transport.bus import Bus
 from tests.integration.helpers import REFUND, eventually, remove_namespace, terminal
 from tests.integration.helpers import quick as quick_catalog
 

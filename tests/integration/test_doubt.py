@@ -15,10 +15,10 @@ import pytest
 
 from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
-from services.faults import add_fault
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
+from saga_services.faults import add_fault
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.transport.bus import Bus
 from tests.integration.console_kit import accounts_file, console_http, sign_in, token
 from tests.integration.helpers import (
     REFUND,
@@ -30,7 +30,6 @@ from tests.integration.helpers import (
     terminal,
 )
 
-pytestmark = pytest.mark.integration
 EMAIL = "email.send_customer_email"
 OTHERS = ["coordinator", "inventory", "erp", "payments"]
 

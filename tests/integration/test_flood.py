@@ -9,10 +9,10 @@ import contextlib
 import asyncpg
 
 from saga_app.stack import Stack
-from shared.bus import Bus
-from shared.codec import message_to_amqp
-from shared.config import Settings
-from shared.messages import Gate, Plan, PlanStep, StartSaga
+from saga_shared.config import Settings
+from saga_shared.model.messages import Gate, Plan, PlanStep, StartSaga
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import message_to_amqp
 from tests.integration.helpers import eventually, remove_namespace
 
 GATED = Plan(steps=(PlanStep(action="inventory.reserve_stock", gate=Gate()),))

@@ -22,8 +22,6 @@ import pytest
 from tests.conftest import AMQP_URL, DATABASE_SERVER
 from tests.integration.test_payments_http import free_port
 
-pytestmark = pytest.mark.integration
-
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "services.sh"
 
 

@@ -19,12 +19,12 @@ import aiormq
 import asyncpg
 import pytest
 
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.codec import peek
-from shared.config import Settings
-from shared.topology import partition_of
-from shared.trust import forwarded_id
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.security.trust import forwarded_id
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import peek
+from saga_shared.transport.topology import partition_of
 from tests.chaos.processes import Supervisor
 from tests.integration.deployment import Deployment
 from tests.integration.fuzz import Fuzzer, Shot, run_id

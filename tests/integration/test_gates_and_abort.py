@@ -7,9 +7,9 @@ import pytest
 from pydantic import JsonValue, ValidationError
 
 from saga_app.stack import Stack
-from services.faults import add_fault
-from shared.client import CommandRejected, SagaClient
-from shared.messages import Gate, Plan, PlanStep
+from saga_services.faults import add_fault
+from saga_shared.client import CommandRejected, SagaClient
+from saga_shared.model.messages import Gate, Plan, PlanStep
 from tests.integration.helpers import eventually, terminal
 
 CHECKOUT: dict[str, JsonValue] = {

@@ -17,21 +17,20 @@ from prometheus_client import REGISTRY
 from saga_coordinator.processor import Processor
 from saga_coordinator.rows import OutboxRow
 from saga_coordinator.store import Store
-from shared.catalog import Catalog
-from shared.config import Settings
-from shared.failures import Q as FQ
-from shared.gateway import load_catalog
-from shared.messages import (
+from saga_shared.config import Settings
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.gateway import load_catalog
+from saga_shared.model.messages import (
     AbortSaga,
     ActionDone,
     ActionRequest,
     PartitionMessage,
     StartSaga,
 )
-from shared.topology import Topology
+from saga_shared.transport.failures import Q as FQ
+from saga_shared.transport.topology import Topology
 from tests.integration.helpers import REFUND, forget_outbox
 
-pytestmark = pytest.mark.integration
 NOW = datetime.now(UTC)
 
 

@@ -7,10 +7,10 @@ from pydantic import JsonValue
 
 from saga_app.stack import Stack
 from saga_coordinator.incident import incident, render_markdown
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
-from shared.messages import ActionDone
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.model.messages import ActionDone
+from saga_shared.transport.bus import Bus
 from tests.integration.helpers import REFUND, eventually, remove_namespace, terminal
 from tests.integration.test_cli import saga, saga_json
 

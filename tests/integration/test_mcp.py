@@ -10,16 +10,13 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from saga_app.stack import Stack
-from shared.config import Settings
+from saga_shared.config import Settings
 from tests.integration.helpers import REFUND, saga_env
 from tests.integration.test_gates_and_abort import CHECKOUT
-
-pytestmark = pytest.mark.integration
 
 TOOLS = {
     "list_actions", "list_sagas", "check_plan", "start_saga", "get_saga", "wait_for_saga",

@@ -15,15 +15,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from saga_app.stack import Stack
 from saga_coordinator.gauges import read_gauges
-from services.faults import add_fault
-from shared import metrics
-from shared.client import SagaClient
-from shared.config import Settings
+from saga_services.faults import add_fault
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.observability import metrics
 from tests.integration.helpers import saga_env
 from tests.integration.test_payments_http import free_port
 from tests.integration.test_sagas import REFUND
-
-pytestmark = pytest.mark.integration
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from shared.migrations import discover, drop_database, migrate
+from saga_shared.storage.migrations import discover, drop_database, migrate
 from tests.conftest import DATABASE_SERVER
 
 SNAPSHOT = Path(__file__).with_name("schema_snapshot.txt")

@@ -7,10 +7,10 @@ import asyncio
 import asyncpg
 
 from saga_app.stack import Stack
-from services.faults import add_fault, clear_faults
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
+from saga_services.faults import add_fault, clear_faults
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.transport.bus import Bus
 from tests.integration.helpers import (
     REFUND,
     eventually,

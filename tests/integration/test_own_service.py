@@ -16,17 +16,15 @@ import pytest
 
 from saga_app.stack import Stack
 from saga_coordinator.access import grants
-from shared.bus import Bus
-from shared.client import SagaClient
-from shared.config import Settings
-from shared.errors import ConfigError
-from shared.identity import db_role
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.errors import ConfigError
+from saga_shared.security.identity import db_role
+from saga_shared.transport.bus import Bus
 from tests.conftest import AMQP_URL
 from tests.integration.deployment import Deployment
 from tests.integration.helpers import remove_namespace
 from tests.integration.test_cli import saga
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture

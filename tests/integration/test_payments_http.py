@@ -19,17 +19,15 @@ import pytest
 from pydantic import JsonValue
 
 from saga_app.stack import Stack
-from services.adapter import Adapter
-from services.payments.system import CHARGE, REFUND
-from shared.bus import Bus
-from shared.catalog import Catalog
-from shared.client import SagaClient
-from shared.config import Settings
-from shared.messages import ActionDone, ActionFailed, ActionRequest
+from saga_services.adapter import Adapter
+from saga_services.payments.system import CHARGE, REFUND
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.messages import ActionDone, ActionFailed, ActionRequest
+from saga_shared.transport.bus import Bus
 from tests.integration.helpers import remove_namespace, saga_env
 from tests.integration.test_sagas import CHECKOUT
-
-pytestmark = pytest.mark.integration
 
 
 def free_port() -> int:

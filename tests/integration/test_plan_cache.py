@@ -14,9 +14,9 @@ import pytest
 
 from saga_app.stack import Stack
 from saga_coordinator.store import Q
-from shared.config import Settings
-from shared.migrations import drop_database, migrate
-from shared.sql import create_pool
+from saga_shared.config import Settings
+from saga_shared.storage.migrations import drop_database, migrate
+from saga_shared.storage.sql import create_pool
 
 
 async def test_the_stack_sessions_use_generic_plans(stack: Stack) -> None:

@@ -10,10 +10,10 @@ import pytest
 
 from saga_coordinator.processor import Processor
 from saga_coordinator.store import Store, Tx
-from shared.config import Settings
-from shared.gateway import admit, load_catalog
-from shared.messages import ActionFailed, PartitionMessage, StartSaga
-from shared.topology import Topology
+from saga_shared.config import Settings
+from saga_shared.model.gateway import admit, load_catalog
+from saga_shared.model.messages import ActionFailed, PartitionMessage, StartSaga
+from saga_shared.transport.topology import Topology
 from tests.integration.helpers import REFUND, forget_outbox
 
 

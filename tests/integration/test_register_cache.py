@@ -11,9 +11,7 @@ import pytest
 from saga_coordinator.ports import Transaction
 from saga_coordinator.register import SagaState
 from saga_coordinator.store import Store
-from tests.integration.test_store_contract import NOW, ids, message, saga
-
-pytestmark = pytest.mark.integration
+from tests.twins.test_store_contract import NOW, ids, message, saga
 
 
 async def save(store: Store, state: SagaState) -> None:

@@ -10,13 +10,12 @@ from pydantic import JsonValue
 
 from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
-from shared.bus import Bus
-from shared.client import NotAnswered, SagaClient
-from shared.config import Settings
-from shared.messages import CommandReply
+from saga_shared.client import NotAnswered, SagaClient
+from saga_shared.config import Settings
+from saga_shared.model.messages import CommandReply
+from saga_shared.transport.bus import Bus
 from tests.integration.helpers import REFUND, eventually, remove_namespace
 
-pytestmark = pytest.mark.integration
 CHECKOUT: dict[str, JsonValue] = {
     "sku": "SKU-2", "quantity": 1, "amount_cents": 2500, "card_token": "tok_visa",
     "customer_email": "di@example.com", "address": "1 Main Street",

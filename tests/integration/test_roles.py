@@ -16,12 +16,12 @@ from aio_pika.abc import AbstractChannel
 
 from saga_app.stack import Stack
 from saga_coordinator.incident import render_markdown
-from services.faults import add_fault
-from shared.bus import Bus
-from shared.client import CommandRejected, SagaClient
-from shared.codec import message_to_amqp
-from shared.config import Settings
-from shared.messages import ActionDone, ActionRequest
+from saga_services.faults import add_fault
+from saga_shared.client import CommandRejected, SagaClient
+from saga_shared.config import Settings
+from saga_shared.model.messages import ActionDone, ActionRequest
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import message_to_amqp
 from tests.integration.deployment import Deployment
 from tests.integration.helpers import REFUND, eventually
 from tests.integration.test_gates_and_abort import CHECKOUT

@@ -13,14 +13,14 @@ from pydantic import JsonValue
 from saga_app.stack import Stack
 from saga_coordinator import gatekeeper, machine
 from saga_coordinator.register import SagaState
-from services.effects import effects_for_order
-from services.faults import add_fault, clear_faults
-from shared.bus import Bus
-from shared.catalog import Catalog
-from shared.client import CommandRejected, SagaClient
-from shared.config import Settings
-from shared.gateway import AdmittedPlan, admit
-from shared.messages import Plan, PlanStep, StartSaga
+from saga_services.effects import effects_for_order
+from saga_services.faults import add_fault, clear_faults
+from saga_shared.client import CommandRejected, SagaClient
+from saga_shared.config import Settings
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.gateway import AdmittedPlan, admit
+from saga_shared.model.messages import Plan, PlanStep, StartSaga
+from saga_shared.transport.bus import Bus
 from tests.integration.helpers import consumers_of, eventually, remove_namespace, terminal
 
 REFUND: dict[str, JsonValue] = {

@@ -8,11 +8,9 @@ from pathlib import Path
 import pytest
 
 from saga_app.pytest_plugin import Sagas
-from shared.config import Settings
+from saga_shared.config import Settings
 from tests.unit import test_simkit
 from tests.unit.test_simkit import CATALOG, warehouse
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture

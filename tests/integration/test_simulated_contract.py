@@ -1,5 +1,5 @@
 """The simulated systems over Postgres (``sim_call``) and their in-memory twin
-(``services.simulated_memory``) held to one contract: the same sequences of calls, through the
+(``saga_services.simulated_memory``) held to one contract: the same sequences of calls, through the
 real functions of the four services, give the same answers, the same effects per order, the same
 key rows and the same faults left. Ids are made identical by a counter in place of the
 systems' ``new_id``; timestamps are compared as set or not (each side has its own clock)."""
@@ -20,22 +20,20 @@ import asyncpg
 import pytest
 from pydantic import JsonValue
 
-from services import faults
-from services.effects import effects_for_order
-from services.email import system as email
-from services.erp import system as erp
-from services.errors import Permanent, Transient
-from services.inventory import system as inventory
-from services.keys import Claiming, KeyStore, MemoryKeys, PgKeys, Ticket
-from services.payments import system as payments
-from services.registry import SYSTEMS
-from services.sdk import Call, Resources, batch_scope
-from services.simulated_memory import MemorySimulated, MemorySystems
-from services.simulated_tables import jsonb_text
-from shared.config import Settings
-from shared.messages import ActionRequest, Phase
-
-pytestmark = pytest.mark.integration
+from saga_services import faults
+from saga_services.effects import effects_for_order
+from saga_services.email import system as email
+from saga_services.erp import system as erp
+from saga_services.errors import Permanent, Transient
+from saga_services.inventory import system as inventory
+from saga_services.keys import Claiming, KeyStore, MemoryKeys, PgKeys, Ticket
+from saga_services.payments import system as payments
+from saga_services.registry import SYSTEMS
+from saga_services.sdk import Call, Resources, batch_scope
+from saga_services.simulated_memory import MemorySimulated, MemorySystems
+from saga_services.simulated_tables import jsonb_text
+from saga_shared.config import Settings
+from saga_shared.model.messages import ActionRequest, Phase
 
 Rows = list[dict[str, object]]
 Answer = tuple[str, Any]  # ("done", result) | ("failed" | "transient", text) | ("timeout", None)

@@ -11,14 +11,12 @@ import pytest
 from pydantic import JsonValue
 
 from saga_app.output import plain_table
-from services.effects import effect_tables, effects_for_order
-from services.errors import Permanent, Transient
-from services.faults import add_fault, clear_faults, list_faults, parse_mode
-from services.registry import SYSTEMS
-from services.simulated import Simulated
-from shared.messages import ActionRequest, Phase
-
-pytestmark = pytest.mark.integration
+from saga_services.effects import effect_tables, effects_for_order
+from saga_services.errors import Permanent, Transient
+from saga_services.faults import add_fault, clear_faults, list_faults, parse_mode
+from saga_services.registry import SYSTEMS
+from saga_services.simulated import Simulated
+from saga_shared.model.messages import ActionRequest, Phase
 
 
 def request(

@@ -14,14 +14,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from saga_app.stack import Stack
-from services.faults import add_fault
-from shared.client import SagaClient
-from shared.config import Settings
+from saga_services.faults import add_fault
+from saga_shared.client import SagaClient
+from saga_shared.config import Settings
 from tests.integration.helpers import forget_outbox
 from tests.integration.test_guarded_apply import Coordinator, start
 from tests.integration.test_sagas import REFUND
-
-pytestmark = pytest.mark.integration
 
 _EXPORTER = InMemorySpanExporter()
 

@@ -13,9 +13,9 @@ from pydantic import JsonValue
 from saga_coordinator.machine import decide
 from saga_coordinator.register import SagaState, Step
 from saga_coordinator.transition import Event, Reply, Transition
-from shared.catalog import Catalog
-from shared.gateway import load_catalog
-from shared.messages import (
+from saga_shared.model.catalog import Catalog
+from saga_shared.model.gateway import load_catalog
+from saga_shared.model.messages import (
     AbortSaga,
     ActionDone,
     ActionFailed,

@@ -11,8 +11,8 @@ import pytest
 
 from saga_coordinator.access import definitions, grants, hash_password, vhost_of
 from saga_coordinator.desk import discard_meaning
-from shared.config import Settings
-from shared.errors import ConfigError
+from saga_shared.config import Settings
+from saga_shared.errors import ConfigError
 from tests.unit.factories import REFUND_PARAMS, start_named
 
 SETTINGS = Settings(amqp_url="amqp://x@h:5672/prod", namespace="shop", people="ana")

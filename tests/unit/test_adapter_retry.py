@@ -7,8 +7,8 @@ from typing import Literal
 
 import pytest
 
-from services.errors import Permanent, Transient
-from services.outcome import (
+from saga_services.errors import Permanent, Transient
+from saga_services.outcome import (
     MAX_REASON,
     OUTCOME_NAMESPACE,
     Done,
@@ -16,7 +16,7 @@ from services.outcome import (
     effect_unknown,
     outcome_message_id,
 )
-from shared.messages import ActionDone, ActionFailed, ActionRequest
+from saga_shared.model.messages import ActionDone, ActionFailed, ActionRequest
 
 
 def make_request(attempt: int = 1) -> ActionRequest:

@@ -10,8 +10,8 @@ from datetime import timedelta
 
 from saga_coordinator.memory import MemoryStore
 from saga_coordinator.processor import Processor
-from shared.config import Settings
-from shared.messages import (
+from saga_shared.config import Settings
+from saga_shared.model.messages import (
     AbortSaga,
     ActionRequest,
     ApproveSaga,
@@ -21,7 +21,7 @@ from shared.messages import (
     SettleRequest,
     StartSaga,
 )
-from shared.topology import Topology
+from saga_shared.transport.topology import Topology
 from tests.unit.factories import (
     CHECKOUT_PARAMS,
     REFUND_PARAMS,

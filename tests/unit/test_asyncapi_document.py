@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from shared.contract import asyncapi
+from saga_shared.transport.contract import asyncapi
 
 HERE = Path(__file__).parent.parent / "contract"
 COMMITTED = Path(__file__).parents[2] / "schemas" / "asyncapi.json"

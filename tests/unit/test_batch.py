@@ -13,7 +13,7 @@ import pytest
 from pamqp import commands as spec
 from pamqp.body import ContentBody
 
-from shared import batch
+from saga_shared.amqp_internals import batch
 
 
 class FakeChannel:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.timeline import BROKER, DATABASE, packets, segments, server_ports, summary
-from shared.config import Settings
+from saga_shared.config import Settings
 
 PORTS = {5672: BROKER, 5432: DATABASE}
 OWNERS = {40001: "coordinator-0", 40002: "adapters"}  # the agent's port (40000) is nobody's

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.errors import CatalogError
-from shared.gateway import load_catalog
+from saga_shared.errors import CatalogError
+from saga_shared.model.gateway import load_catalog
 from tests.unit.factories import CATALOG_FILE, real_catalog
 
 

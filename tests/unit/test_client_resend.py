@@ -17,8 +17,7 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage, AbstractQueue
 from pydantic import JsonValue
 
-from shared.bus import Bus
-from shared.client import (
+from saga_shared.client import (
     BrokerUnreachable,
     CommandRejected,
     MessageIdReused,
@@ -26,10 +25,11 @@ from shared.client import (
     ResendSchedule,
     SagaClient,
 )
-from shared.codec import encode
-from shared.config import Settings
-from shared.messages import CommandReply, DeskReply, Outbound
-from shared.topology import Topology
+from saga_shared.config import Settings
+from saga_shared.model.messages import CommandReply, DeskReply, Outbound
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.codec import encode
+from saga_shared.transport.topology import Topology
 
 PARAMS: dict[str, JsonValue] = {
     "sku": "SKU-1", "quantity": 1, "amount_cents": 100, "customer_email": "a@example.com",

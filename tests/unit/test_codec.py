@@ -11,7 +11,20 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import TypeAdapter
 
-from shared.codec import (
+from saga_shared.errors import InvalidMessage
+from saga_shared.model.messages import (
+    AbortSaga,
+    ActionDone,
+    ActionFailed,
+    ActionRequest,
+    CommandReply,
+    Envelope,
+    ResumeSaga,
+    SagaEvent,
+    StartSaga,
+)
+from saga_shared.model.text import first_unsafe
+from saga_shared.transport.codec import (
     COMMANDS,
     CONTENT_TYPE,
     PARTITION,
@@ -23,19 +36,6 @@ from shared.codec import (
     order_header,
     peek,
 )
-from shared.errors import InvalidMessage
-from shared.messages import (
-    AbortSaga,
-    ActionDone,
-    ActionFailed,
-    ActionRequest,
-    CommandReply,
-    Envelope,
-    ResumeSaga,
-    SagaEvent,
-    StartSaga,
-)
-from shared.text import first_unsafe
 from tests.unit.factories import REFUND_PARAMS, start_plan
 
 LIMIT = 64 * 1024

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from shared.config import Settings
+from saga_shared.config import Settings
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 COMPONENTS = ("coordinator", "inventory", "erp", "payments", "email")
@@ -87,3 +87,20 @@ def test_every_broker_refuses_messages_over_a_mebibyte_and_takes_what_the_servic
     cluster = yaml.safe_load(CLUSTER.read_text())["services"]
     for node in ("rabbitmq", "rabbitmq-2", "rabbitmq-3"):
         assert mount in cluster[node]["volumes"], node
+
+
+def test_every_long_running_process_is_health_checked_by_its_metrics() -> None:
+    # The image's HEALTHCHECK probes the process's own /metrics (saga_app.health); every
+    # component inherits it and serves /metrics where the probe looks; the one-shot containers
+    # turn it off (nothing to probe, and they exit).
+    dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
+    assert 'CMD ["python", "-m", "saga_app.health"]' in dockerfile
+    assert "HEALTHCHECK --interval" in dockerfile
+    for name in COMPONENTS:
+        service = services()[name]
+        assert "healthcheck" not in service, name
+        assert service["environment"]["SAGA_METRICS_BIND"] == "0.0.0.0:9464", name
+    for name in ("setup", "demo"):
+        assert services()[name]["healthcheck"] == {"disable": True}, name
+    for name in ("rabbitmq", "postgres"):
+        assert services()[name]["healthcheck"]["test"], name

@@ -9,7 +9,7 @@ import pytest
 
 from saga_app.console.accounts import Accounts, hash_password, with_account
 from saga_app.console.web import local_path
-from shared.errors import ConfigError
+from saga_shared.errors import ConfigError
 
 
 def test_a_password_is_kept_only_as_a_salted_hash(tmp_path: Path) -> None:

@@ -11,12 +11,12 @@ import pytest
 from aio_pika.abc import AbstractIncomingMessage
 from aiormq.exceptions import ChannelInvalidStateError
 
-from shared.bus import Bus
-from shared.config import Settings
-from shared.consumer import _Subscription
-from shared.delivery import BatchVerdict
-from shared.errors import RetryLater
-from shared.linger import Linger
+from saga_shared.config import Settings
+from saga_shared.errors import RetryLater
+from saga_shared.transport.bus import Bus
+from saga_shared.transport.consumer import _Subscription
+from saga_shared.transport.delivery import BatchVerdict
+from saga_shared.transport.linger import Linger
 from tests.unit.test_delivery import Delivery
 
 
@@ -246,9 +246,9 @@ async def test_a_delivery_whose_consumer_was_cancelled_reports_a_failed_settle_i
     await asyncio.sleep(0)
     task.cancel()  # the consumer's loop is cancelled: the delivery runs on, unawaited
     await asyncio.wait(set(sub.in_hand), timeout=5)
-    assert [r.getMessage() for r in caplog.records if r.name == "shared.consumer"] == [
-        "a delivery was not settled (ChannelInvalidStateError()); the broker redelivers it"
-    ]
+    assert [
+        r.getMessage() for r in caplog.records if r.name == "saga_shared.transport.consumer"
+    ] == ["a delivery was not settled (ChannelInvalidStateError()); the broker redelivers it"]
 
 
 async def batches_after_a_batch_of_two(linger: Linger) -> list[list[str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from shared.contract import asyncapi, json_schemas
+from saga_shared.transport.contract import asyncapi, json_schemas
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.messages import ActionRequest, DeadlineReached
+from saga_shared.model.messages import ActionRequest, DeadlineReached
 from tests.unit.factories import (
     REFUND_PARAMS,
     Driver,

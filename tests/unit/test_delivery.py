@@ -6,7 +6,8 @@ from typing import Any, cast
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from shared.delivery import (
+from saga_shared.errors import InvalidMessage, RetryLater
+from saga_shared.transport.delivery import (
     Acks,
     Alone,
     BatchVerdict,
@@ -16,7 +17,6 @@ from shared.delivery import (
     deliver,
     deliver_batch,
 )
-from shared.errors import InvalidMessage, RetryLater
 
 
 class Delivery:

@@ -4,7 +4,7 @@ about an effect applied twice."""
 from __future__ import annotations
 
 from saga_app.output import plain_table
-from services.effects import applied_twice, effect_tables
+from saga_services.effects import applied_twice, effect_tables
 
 
 def test_every_section_is_there_and_an_empty_one_says_none() -> None:

@@ -8,8 +8,8 @@ import asyncio
 import aiormq.connection
 from aiormq.abc import ChannelFrame
 
-from shared import frames
-from shared.frames import CoalescingFrames, Frames
+from saga_shared.amqp_internals import frames
+from saga_shared.amqp_internals.frames import CoalescingFrames, Frames
 
 
 def frame(payload: bytes, *, close: bool = False, drain: bool = False) -> ChannelFrame:

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import JsonValue
 
-from shared.catalog import ActionClass, Catalog
-from shared.errors import PlanRejected
-from shared.gateway import admit, check_catalog, check_plan, validate_params
-from shared.topology import Topology
+from saga_shared.errors import PlanRejected
+from saga_shared.model.catalog import ActionClass, Catalog
+from saga_shared.model.gateway import admit, check_catalog, check_plan, validate_params
+from saga_shared.transport.topology import Topology
 from tests.unit.factories import (
     REFUND_PARAMS,
     compensable,

@@ -9,9 +9,9 @@ from datetime import datetime
 import pytest
 
 from saga_coordinator.group_commit import GroupCommit
-from shared.errors import RetryLater
-from shared.linger import Linger
-from shared.messages import PartitionMessage, StartSaga
+from saga_shared.errors import RetryLater
+from saga_shared.model.messages import PartitionMessage, StartSaga
+from saga_shared.transport.linger import Linger
 from tests.unit.factories import REFUND_PARAMS
 
 
@@ -169,7 +169,8 @@ async def first_batch_of_two(group: GroupCommit) -> None:
 
 
 async def test_after_a_batch_of_several_the_next_waits_for_company() -> None:
-    """Under load a transaction waits a little (``shared.linger``) so the messages arriving
+    """Under load a transaction waits a little (``saga_shared.transport.linger``) so the messages
+    arriving
     meanwhile share it, instead of each paying a statement and a WAL flush of its own."""
     recorder = Recorder()
     group = GroupCommit(recorder.apply, max_batch=8, linger=Linger(0.5, 0.25))

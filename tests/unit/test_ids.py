@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 import uuid
 
-from services.outcome import OUTCOME_NAMESPACE, outcome_message_id
-from shared.ids import name_id, random_id
-from shared.messages import SagaEvent
-from shared.trust import FORWARD_NAMESPACE, forwarded_id
+from saga_services.outcome import OUTCOME_NAMESPACE, outcome_message_id
+from saga_shared.model.ids import name_id, random_id
+from saga_shared.model.messages import SagaEvent
+from saga_shared.security.trust import FORWARD_NAMESPACE, forwarded_id
 
 
 def _names(count: int) -> list[str]:

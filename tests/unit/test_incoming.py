@@ -1,4 +1,5 @@
-"""``shared.incoming`` builds the very ``IncomingMessage`` aio-pika builds, for less."""
+"""``saga_shared.amqp_internals.incoming`` builds the very ``IncomingMessage`` aio-pika builds, for
+less."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
-from shared import incoming
+from saga_shared.amqp_internals import incoming
 
 NO_CHANNEL: Any = None  # aio-pika only keeps it, for the ack
 texts = st.one_of(st.none(), st.just(""), st.text(max_size=20))

@@ -7,14 +7,14 @@ import logging
 
 import pytest
 
-from services.errors import Permanent
-from services.outcome import Done, build_outcome, unfit_result
-from shared.catalog import INT_MAX, Catalog
-from shared.errors import PlanRejected
-from shared.gateway import validate_params
-from shared.logs import RateLimit
-from shared.messages import ActionDone, ActionFailed, ActionRequest
-from shared.ratelimit import TokenBuckets
+from saga_services.errors import Permanent
+from saga_services.outcome import Done, build_outcome, unfit_result
+from saga_shared.errors import PlanRejected
+from saga_shared.model.catalog import INT_MAX, Catalog
+from saga_shared.model.gateway import validate_params
+from saga_shared.model.messages import ActionDone, ActionFailed, ActionRequest
+from saga_shared.observability.logs import RateLimit
+from saga_shared.security.ratelimit import TokenBuckets
 from tests.unit.factories import real_catalog
 
 

@@ -1,12 +1,12 @@
-"""How long the next batch waits for company (``shared.linger``)."""
+"""How long the next batch waits for company (``saga_shared.transport.linger``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.config import Settings
-from shared.errors import ConfigError
-from shared.linger import Linger
+from saga_shared.config import Settings
+from saga_shared.errors import ConfigError
+from saga_shared.transport.linger import Linger
 
 LINGER = Linger(most_s=0.005, per_message_s=0.0005)
 

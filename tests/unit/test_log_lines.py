@@ -13,9 +13,9 @@ from typing import Any, cast
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from shared.delivery import Outcome, _judge
-from shared.errors import InvalidMessage
-from shared.logs import JsonLines, OneLine, configure, context
+from saga_shared.errors import InvalidMessage
+from saga_shared.observability.logs import JsonLines, OneLine, configure, context
+from saga_shared.transport.delivery import Outcome, _judge
 
 
 def delivery() -> AbstractIncomingMessage:
@@ -33,7 +33,7 @@ def fail() -> Exception:
 
 
 def test_a_retried_delivery_is_one_line_with_its_error(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="shared.delivery"):
+    with caplog.at_level(logging.INFO, logger="saga_shared.transport.delivery"):
         outcome = _judge(delivery(), fail())
 
     [record] = caplog.records
@@ -45,14 +45,14 @@ def test_a_retried_delivery_is_one_line_with_its_error(caplog: pytest.LogCapture
 
 
 def test_the_traceback_comes_at_debug(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="shared.delivery"):
+    with caplog.at_level(logging.DEBUG, logger="saga_shared.transport.delivery"):
         _judge(delivery(), fail())
 
     assert caplog.records[0].exc_info
 
 
 def test_a_message_refused_for_good_is_an_error_line(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="shared.delivery"):
+    with caplog.at_level(logging.INFO, logger="saga_shared.transport.delivery"):
         outcome = _judge(delivery(), InvalidMessage("body is not JSON"))
 
     assert outcome is Outcome.DEAD_LETTER
@@ -60,7 +60,7 @@ def test_a_message_refused_for_good_is_an_error_line(caplog: pytest.LogCaptureFi
 
 
 def test_json_lines_carry_the_context_and_the_traceback() -> None:
-    record = logging.LogRecord("services.adapter", logging.WARNING, __file__, 1,
+    record = logging.LogRecord("saga_services.adapter", logging.WARNING, __file__, 1,
                                "call %s failed", ("erp.void",), None)  # fmt: skip
     for key, value in context(saga_id="s-1", order_id="o-1", action="erp.void", nope="x").items():
         setattr(record, key, value)
@@ -69,7 +69,7 @@ def test_json_lines_carry_the_context_and_the_traceback() -> None:
 
     line: dict[str, Any] = json.loads(JsonLines().format(record))
 
-    assert line["level"] == "warning" and line["logger"] == "services.adapter"
+    assert line["level"] == "warning" and line["logger"] == "saga_services.adapter"
     assert line["message"] == "call erp.void failed"
     assert (line["saga_id"], line["order_id"], line["action"]) == ("s-1", "o-1", "erp.void")
     assert "nope" not in line

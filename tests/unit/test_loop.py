@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from shared import loop
+from saga_shared import loop
 
 
 def test_the_collector_skips_what_was_loaded_at_start_and_runs_less_often() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from saga_coordinator.machine import decide
-from shared.messages import (
+from saga_shared.model.messages import (
     ResolveSaga,
 )
 from tests.unit.factories import (

@@ -8,7 +8,7 @@ from typing import Literal
 from saga_coordinator import deadline
 from saga_coordinator.incident import incident
 from saga_coordinator.register import forward_key
-from shared.messages import DeadlineReached, Role
+from saga_shared.model.messages import DeadlineReached, Role
 from tests.unit.factories import (
     Driver,
     done_for,

@@ -10,8 +10,8 @@ import pytest
 from pydantic import JsonValue
 
 from saga_coordinator.machine import decide
-from shared.gateway import admit, check_catalog
-from shared.messages import (
+from saga_shared.model.gateway import admit, check_catalog
+from saga_shared.model.messages import (
     AbortSaga,
 )
 from tests.unit.factories import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from saga_coordinator.machine import begin, decide
-from shared.messages import (
+from saga_shared.model.messages import (
     ActionDone,
     ActionFailed,
     ActionRequest,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from saga_app.mcp_tools import agent_bus
-from shared.config import Settings
+from saga_shared.config import Settings
 
 
 def roles(user: str) -> Settings:

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-from shared import metrics
+from saga_shared.observability import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"

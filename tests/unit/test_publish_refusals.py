@@ -15,8 +15,8 @@ import pamqp.commands
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
-from shared.bus import Bus, Item, refused_for_now, unroutable
-from shared.patience import publish_in_hand, worth_waiting
+from saga_shared.transport.bus import Bus, Item, refused_for_now, unroutable
+from saga_shared.transport.patience import publish_in_hand, worth_waiting
 
 NACK = aiormq.exceptions.DeliveryError(None, pamqp.commands.Basic.Nack(delivery_tag=3))
 RETURN = aiormq.exceptions.DeliveryError(

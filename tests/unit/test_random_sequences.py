@@ -16,9 +16,9 @@ from saga_coordinator import convoy, deadline
 from saga_coordinator.convoy import OrderView
 from saga_coordinator.register import gate_key
 from saga_coordinator.transition import Transition
-from shared.catalog import ActionClass
-from shared.gateway import check_catalog
-from shared.messages import (
+from saga_shared.model.catalog import ActionClass
+from saga_shared.model.gateway import check_catalog
+from saga_shared.model.messages import (
     ActionDone,
     ActionFailed,
     ActionRequest,

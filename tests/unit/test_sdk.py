@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from services.errors import Permanent, Transient
-from services.registry import load_service
-from services.sdk import Call, Coalescer, Result, Service, Undo, batch_scope
-from shared.errors import ConfigError
-from shared.messages import ActionRequest
+from saga_services.errors import Permanent, Transient
+from saga_services.registry import load_service
+from saga_services.sdk import Call, Coalescer, Result, Service, Undo, batch_scope
+from saga_shared.errors import ConfigError
+from saga_shared.model.messages import ActionRequest
 from tests.unit.factories import real_catalog
 
 CATALOG = real_catalog()
@@ -171,7 +171,7 @@ def test_services_load_by_name_or_reference_with_clear_errors() -> None:
     for ref, error in [
         ("warehouse", "unknown service 'warehouse'"),
         ("no_such_module:SERVICE", "cannot load the service"),
-        ("services.sdk:Call", "not a services.sdk.Service"),
+        ("saga_services.sdk:Call", "not a saga_services.sdk.Service"),
     ]:
         with pytest.raises(ConfigError, match=error):
             load_service(ref)

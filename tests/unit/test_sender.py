@@ -9,7 +9,7 @@ from typing import cast
 
 from saga_coordinator.rows import OutboxRow
 from saga_coordinator.sender import Sender
-from shared.bus import Bus, Item
+from saga_shared.transport.bus import Bus, Item
 
 
 class SlowBus:

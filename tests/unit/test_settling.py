@@ -1,4 +1,4 @@
-"""A service's answer to a settle (``services.settling``), over the in-memory key record: what
+"""A service's answer to a settle (``saga_services.settling``), over the in-memory key record: what
 it fences, what it asks the system, and how far a person's "did not happen" reaches."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from services.keys import Claiming, MemoryKeys
-from services.sdk import KeyQuery, KeyStatus, Service
-from services.settling import answer
-from shared.messages import SettleRequest
+from saga_services.keys import Claiming, MemoryKeys
+from saga_services.sdk import KeyQuery, KeyStatus, Service
+from saga_services.settling import answer
+from saga_shared.model.messages import SettleRequest
 
 KEY, ACTION = "s-1:mail.send", "mail.send"
 

@@ -1,5 +1,6 @@
 """The simulated broker: routing as the topology binds, publishing with confirms, and the
-queue semantics of RabbitMQ's quorum queues the system relies on (design.md section 5)."""
+queue semantics of RabbitMQ's quorum queues the system relies on (docs/explanation/design.md,
+"RabbitMQ and Postgres facts")."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import pytest
 from saga_app.sim.broker import Broker, BrokerConfig, Connection, FakeDelivery
 from saga_app.sim.errors import BrokerDown, NotFound, Unroutable, UserIdMismatch
 from saga_app.sim.loop import run
-from shared.codec import Outgoing, to_amqp
-from shared.memory_bus import MemoryBus
-from shared.topology import Topology
+from saga_shared.transport.codec import Outgoing, to_amqp
+from saga_shared.transport.memory_bus import MemoryBus
+from saga_shared.transport.topology import Topology
 
 TOPOLOGY = Topology("sim", 4, 3, declared_services=("inventory", "email"))
 T = TOPOLOGY

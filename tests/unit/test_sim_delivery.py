@@ -1,5 +1,6 @@
 """The simulated broker's deliveries are what the project's consumers read: the codec decodes
-them, ``shared.delivery`` settles them, the dead-letter ingester reads their deaths."""
+them, ``saga_shared.transport.delivery`` settles them, the dead-letter ingester reads their
+deaths."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from aio_pika.abc import AbstractIncomingMessage
 from saga_app.sim.broker import Broker, FakeDelivery
 from saga_app.sim.loop import EPOCH
 from saga_coordinator.dead_letters import read_death
-from shared.codec import (
+from saga_shared.errors import InvalidMessage, RetryLater
+from saga_shared.model.messages import ActionDone
+from saga_shared.transport.codec import (
     COMMANDS,
     PARTITION,
     check_order_header,
@@ -24,10 +27,8 @@ from shared.codec import (
     order_header,
     to_amqp,
 )
-from shared.delivery import Acks, Outcome, deliver
-from shared.errors import InvalidMessage, RetryLater
-from shared.messages import ActionDone
-from shared.patience import in_hand
+from saga_shared.transport.delivery import Acks, Outcome, deliver
+from saga_shared.transport.patience import in_hand
 from tests.unit.factories import start_named
 from tests.unit.test_sim_broker import TOPOLOGY as T
 from tests.unit.test_sim_broker import Recorder, simulate

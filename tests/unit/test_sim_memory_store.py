@@ -17,8 +17,8 @@ from saga_coordinator.machine import start
 from saga_coordinator.memory import MemoryState, MemoryStore, MemoryTx
 from saga_coordinator.register import SagaState
 from saga_coordinator.rows import OutboxRow
-from shared.gateway import admit
-from shared.messages import AbortSaga, CommandReply
+from saga_shared.model.gateway import admit
+from saga_shared.model.messages import AbortSaga, CommandReply
 from tests.unit.factories import REFUND_PARAMS, real_catalog, start_named
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

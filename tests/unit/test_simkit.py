@@ -13,7 +13,7 @@ from pydantic import BaseModel, JsonValue
 
 from saga_app.pytest_plugin import Sagas
 from saga_app.simkit import SagaHarness, Simulation
-from services.sdk import Call, KeyQuery, KeyStatus, Resources, Result, Service, Undo
+from saga_services.sdk import Call, KeyQuery, KeyStatus, Resources, Result, Service, Undo
 
 CATALOG = """
 [actions."warehouse.pick"]

@@ -14,15 +14,15 @@ import asyncpg
 import pytest
 from pydantic import JsonValue
 
-from services.errors import Permanent, Transient
-from services.inventory import system as inventory
-from services.keys import Claiming, MemoryKeys, PgKeys
-from services.registry import SYSTEMS
-from services.sdk import Call, Resources, batch_scope
-from services.simulated import Simulated
-from services.simulated_memory import MemorySimulated, MemorySystems
-from services.simulated_tables import integer, jsonb, jsonb_text, quote_literal, text
-from shared.config import Settings
+from saga_services.errors import Permanent, Transient
+from saga_services.inventory import system as inventory
+from saga_services.keys import Claiming, MemoryKeys, PgKeys
+from saga_services.registry import SYSTEMS
+from saga_services.sdk import Call, Resources, batch_scope
+from saga_services.simulated import Simulated
+from saga_services.simulated_memory import MemorySimulated, MemorySystems
+from saga_services.simulated_tables import integer, jsonb, jsonb_text, quote_literal, text
+from saga_shared.config import Settings
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -17,11 +17,12 @@ from saga_coordinator import doubt, repeats
 from saga_coordinator.progress import advance, begin_compensation, land
 from saga_coordinator.register import SagaState, Step
 from saga_coordinator.transition import Outgoing, Transition, event, ignored
-from services.keys import MemoryKeys, Ticket
-from shared import sql
-from shared.messages import StartSaga
+from saga_services.keys import MemoryKeys, Ticket
+from saga_shared.model.messages import StartSaga
+from saga_shared.storage import sql
 
-# Seeds of 150 sagas each a bug may take to show before its test fails (measured: see README).
+# Seeds of 150 sagas each a bug may take to show before its test fails (measured:
+# docs/results/chaos.md).
 BUDGET = 40
 
 

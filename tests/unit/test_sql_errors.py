@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 from asyncpg.exceptions import _base
 
-from shared.sql import is_transient
+from saga_shared.storage.sql import is_transient
 
 
 def test_a_connection_the_server_dropped_is_retried_not_requeued() -> None:

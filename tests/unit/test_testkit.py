@@ -12,11 +12,11 @@ import pytest
 from pydantic import BaseModel, JsonValue
 
 from saga_app.testkit import SagaKit
-from services.sdk import Call, Resources, Result, Service, Undo
-from shared.catalog import Catalog, read_catalog
-from shared.client import CommandRejected
-from shared.errors import PlanRejected
-from shared.gateway import check_catalog
+from saga_services.sdk import Call, Resources, Result, Service, Undo
+from saga_shared.client import CommandRejected
+from saga_shared.errors import PlanRejected
+from saga_shared.model.catalog import Catalog, read_catalog
+from saga_shared.model.gateway import check_catalog
 
 CATALOG = """
 [actions."shop.reserve"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.text import clean, first_unsafe
+from saga_shared.model.text import clean, first_unsafe
 
 
 def test_clean_escapes_controls_and_replaces_lone_surrogates() -> None:

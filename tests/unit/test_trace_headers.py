@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from opentelemetry import propagate, trace
 
-from shared import tracing
+from saga_shared.observability import tracing
 
 VALID = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from saga_coordinator.authority import may_act, may_decide_gate, may_send
-from shared import trust
-from shared.config import Settings
-from shared.errors import InvalidMessage, PlanRejected
-from shared.identity import Directory, amqp_url_for, user_of_url, with_credentials
-from shared.messages import ActionDone, ActionRequest, DeadlineReached, Sender
+from saga_shared.config import Settings
+from saga_shared.errors import InvalidMessage, PlanRejected
+from saga_shared.model.messages import ActionDone, ActionRequest, DeadlineReached, Sender
+from saga_shared.security import trust
+from saga_shared.security.identity import Directory, amqp_url_for, user_of_url, with_credentials
 from tests.unit.factories import AGENT, REFUND_PARAMS, Driver, real_catalog, start_named
 
 ROLES = Directory.from_settings(Settings(people="ana,dana", agents="bot-*,helper"))

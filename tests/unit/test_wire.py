@@ -1,4 +1,5 @@
-"""``shared.wire`` codes frames as pamqp does: the same bytes out, equal frames in, and for
+"""``saga_shared.amqp_internals.wire`` codes frames as pamqp does: the same bytes out, equal frames
+in, and for
 anything malformed pamqp's own error; but a value pamqp cannot decode in a frame otherwise
 whole (a timestamp out of range, a table nested too deeply) arrives marked instead of closing
 the connection. Checked on generated frames and on corrupted ones."""
@@ -23,7 +24,7 @@ from pamqp import encode
 from pamqp.body import ContentBody
 from pamqp.header import ContentHeader
 
-from shared import wire
+from saga_shared.amqp_internals import wire
 
 names = st.text(max_size=60)  # up to 240 bytes of UTF-8: a short string holds 255
 exchanges = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.:", max_size=40)

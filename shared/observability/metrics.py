@@ -1,0 +1,73 @@
+"""Prometheus metrics: every metric the processes export, named as Prometheus recommends
+(``saga_`` prefix, base units, ``_total`` for counters), and the one way to serve them.
+
+Counters count in the process that saw the thing happen (the coordinator: sagas; an adapter:
+calls); the gauges of what the database holds (blocked orders, waiting sagas, the people's
+queue, the outbox) are read by the coordinator process every ``SAGA_METRICS_POLL_S``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from saga_shared.config import parse_bind
+
+log = logging.getLogger(__name__)
+
+SAGAS_STARTED = Counter("saga_started", "Sagas started", ["saga"])
+SAGAS_FINISHED = Counter(
+    "saga_finished",
+    "Sagas that reached an end (completed, compensated, resolved) or needs_human",
+    ["saga", "status"],
+)
+STEP_SECONDS = Histogram(
+    "saga_step_duration_seconds",
+    "An adapter's handling of one request: its calls and retries, until the outcome",
+    ["action", "phase", "outcome"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+COMPENSATIONS = Counter(
+    "saga_compensations", "Compensation requests answered by an adapter", ["action", "outcome"]
+)
+RETRIES = Counter("saga_retries", "Calls tried again after a transient error", ["action"])
+DEAD_LETTERS = Counter("saga_dead_letters", "Deliveries dead-lettered, by reason", ["reason"])
+CONSUMER_RESTARTS = Counter(
+    "saga_consumer_restarts", "Consumers subscribed again after the broker dropped them", ["queue"]
+)
+BATCH_SIZE = Histogram(
+    "saga_group_commit_batch_size",
+    "Partition messages applied in one coordinator transaction",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+GROUPS = Counter(
+    "saga_group_commits",
+    "Coordinator groups by how they were written: guarded (one statement on the cache), "
+    "not_held (a transaction: the cache could not answer), stale (a transaction: the guard "
+    "found the database changed)",
+    ["path"],
+)
+ORDERS_BLOCKED = Gauge("saga_orders_blocked", "Orders held by a failed or dead-lettered message")
+SAGAS_WAITING = Gauge("saga_sagas_waiting", "Sagas queued behind another saga of their order")
+PEOPLE_QUEUE = Gauge(
+    "saga_people_queue", "Sagas waiting for a person (needs_human, awaiting_approval)", ["status"]
+)
+PEOPLE_OLDEST = Gauge(
+    "saga_people_queue_oldest_seconds", "How long the oldest saga has waited for a person"
+)
+OUTBOX_DEPTH = Gauge("saga_outbox_depth", "Committed messages not yet published")
+OUTBOX_LAG = Gauge("saga_outbox_lag_seconds", "Age of the oldest unpublished message")
+
+
+def serve(bind: str) -> bool:
+    """Serve ``/metrics`` on ``host:port``; a port in use is a warning, not a stop (the
+    component keeps working, unobserved)."""
+    host, port = parse_bind("SAGA_METRICS_BIND", bind)
+    try:
+        start_http_server(port, addr=host)
+    except OSError as exc:
+        log.warning("metrics not served on %s: %s", bind, exc)
+        return False
+    log.info("metrics on http://%s/metrics", bind)
+    return True

@@ -1,0 +1,255 @@
+"""The one I/O boundary to RabbitMQ: connect, declare, publish with confirms, consume."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Sequence
+from typing import Any, cast
+
+import aio_pika
+import aiormq
+import pamqp.commands
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractRobustConnection,
+)
+
+from saga_shared.amqp_internals import batch, frames, incoming, wire
+from saga_shared.config import Settings
+from saga_shared.model.messages import Envelope, Outbound
+from saga_shared.security.identity import amqp_url_for, user_of_url
+from saga_shared.transport.cluster_connection import connect_cluster
+from saga_shared.transport.codec import Outgoing, message_to_amqp
+from saga_shared.transport.consumer import consume
+from saga_shared.transport.ports import Publisher
+from saga_shared.transport.topology import Topology
+
+log = logging.getLogger(__name__)
+
+# What ``Bus`` publishes: the codec's messages, or aio-pika's own (tools, tests).
+Publishable = Outgoing | aio_pika.Message
+Item = tuple[str, str, Publishable]  # exchange, routing key, message
+
+
+def refused_for_now(error: BaseException) -> bool:
+    """A nack: the broker took the publish and refused it for now (a quorum queue without a
+    majority of its nodes, or full); the same publish may well succeed later."""
+    return isinstance(error, aiormq.exceptions.DeliveryError) and isinstance(
+        error.frame, pamqp.commands.Basic.Nack
+    )
+
+
+def unroutable(error: BaseException) -> bool:
+    """A publish that can never succeed: no such exchange, or no queue took it (returned)."""
+    if isinstance(error, aiormq.exceptions.ChannelNotFoundEntity):
+        return True
+    return isinstance(error, aiormq.exceptions.DeliveryError) and isinstance(
+        error.frame, pamqp.commands.Basic.Return
+    )
+
+
+class Bus:
+    """``user``: connect as this broker user (its password from the secrets directory); by
+    default, as ``SAGA_AMQP_URL`` says. Every publish carries the user as ``user_id``, which the
+    broker checks: the receivers know who sent it."""
+
+    def __init__(self, settings: Settings, user: str | None = None) -> None:
+        self.settings = settings
+        self.topology = Topology.from_settings(settings)
+        self.url = settings.amqp_url if user is None else amqp_url_for(settings, user)
+        self.user = user_of_url(self.url)
+        self._connection: AbstractRobustConnection | None = None
+        self._publisher: AbstractChannel | None = None
+        self._proven: set[str] = set()  # exchanges a publish reached (see publish_many)
+
+    async def connect(self) -> None:
+        frames.install(self.settings.coalesce_frames)
+        wire.install(self.settings.fast_frames)
+        incoming.install(self.settings.fast_frames)
+        self._connection = await connect_cluster(
+            self.url, client_properties={"connection_name": f"saga {self.user or ''}".strip()}
+        )
+        self._publisher = await self._connection.channel(
+            publisher_confirms=True, on_return_raises=True
+        )
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+            self._connection = None
+
+    async def __aenter__(self) -> Bus:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def connection(self) -> AbstractRobustConnection:
+        if self._connection is None:
+            raise RuntimeError("Bus is not connected")
+        return self._connection
+
+    async def declare(self) -> None:
+        channel = await self.connection.channel()
+        try:
+            await self.topology.declare(channel)
+        finally:
+            await channel.close()
+
+    async def _channel(self) -> tuple[AbstractChannel, aiormq.Channel]:
+        """The publishing channel, and aiormq's channel under it."""
+        if self._publisher is None:
+            raise RuntimeError("Bus is not connected")
+        if self._publisher.is_closed:
+            # The broker closes a channel on some errors (a publish to a deleted exchange):
+            # reopen it so one bad message does not stop every later publish.
+            await self._publisher.reopen()
+        underlay = await self._publisher.get_underlay_channel()
+        # The concrete class: its basic_publish takes ``wait``, the abstract one's does not.
+        return self._publisher, cast(aiormq.Channel, underlay)
+
+    def _send(
+        self,
+        underlay: aiormq.Channel,
+        exchange: str,
+        routing_key: str,
+        message: Publishable,
+        mandatory: bool,
+    ) -> Awaitable[object]:
+        """What aio-pika's ``Exchange.publish`` does, but without waiting for the frame to be
+        written before the next publish on the channel may queue its own (aiormq's ``wait``): a
+        batch's frames then go out in one write (``saga_shared.amqp_internals.frames``), and what is
+        awaited is the broker's confirm, as before (a return or a nack still raises)."""
+        return underlay.basic_publish(
+            message.body, exchange=exchange, routing_key=routing_key,
+            properties=self._stamped(message), mandatory=mandatory,
+            timeout=self.settings.publish_timeout_s, wait=False,
+        )  # fmt: skip
+
+    def _stamped(self, message: Publishable) -> pamqp.commands.Basic.Properties:
+        properties = message.properties  # aio-pika's Message builds a new one on each read
+        properties.user_id = self.user
+        return properties
+
+    async def publish_raw(
+        self,
+        exchange: str,
+        routing_key: str,
+        message: Publishable,
+        *,
+        mandatory: bool | None = None,
+    ) -> None:
+        """Publish and wait for the broker's confirm. Work routes (partitions, actions) must reach
+        a queue, so they are mandatory: an unroutable message raises instead of vanishing."""
+        channel, underlay = await self._channel()
+        must = self._mandatory(exchange) if mandatory is None else mandatory
+        try:
+            await self._send(underlay, exchange, routing_key, message, must)
+        except aiormq.exceptions.DeliveryError as exc:
+            await self._after_refusal(channel, [exc])
+            raise
+        self._proven.add(exchange)
+
+    async def _after_refusal(
+        self, channel: AbstractChannel | None, errors: Sequence[BaseException | None]
+    ) -> None:
+        """A nack (not a return): the broker refused for now. RabbitMQ 3.10 keeps nacking every
+        later publish of that channel to a quorum queue that was without a majority for a
+        while, even once the queue is back (seen in tests/integration/test_cluster.py; a
+        new channel publishes at once): so the next publish goes on a new channel."""
+        nacked = any(e is not None and refused_for_now(e) for e in errors)
+        if not nacked or channel is None or channel is not self._publisher:
+            return  # not a nack, or another publish replaced the channel already
+        log.warning("the broker nacked a publish: publishing on a new channel")
+        self._publisher = await self.connection.channel(
+            publisher_confirms=True, on_return_raises=True
+        )
+        with contextlib.suppress(Exception):
+            await channel.close()
+
+    def _mandatory(self, exchange: str) -> bool:
+        return exchange not in ("", self.topology.events_exchange)
+
+    async def publish_many(self, items: Sequence[Item]) -> list[BaseException | None]:
+        """Publish a batch, each in the list's order, and say per item ``None`` (confirmed) or
+        the error. Publishes to exchanges that have confirmed one before are pipelined: one
+        confirm round trip for the lot. A publish to any other exchange goes alone: were the
+        exchange missing, the broker would close the channel, and a publish already sent
+        behind it would turn that into closing the whole connection."""
+        results: list[BaseException | None] = []
+        run: list[Item] = []
+        for item in items:
+            if item[0] in self._proven:
+                run.append(item)
+                continue
+            results += await self._pipeline(run)
+            run = []
+            results += await self._pipeline([item])
+        return results + await self._pipeline(run)
+
+    async def _pipeline(self, items: Sequence[Item]) -> list[BaseException | None]:
+        if len(items) <= 1:
+            try:
+                for item in items:
+                    await self.publish_raw(*item)
+                return [None] * len(items)
+            except Exception as exc:
+                return [exc]
+        # The channel first (a closed one is reopened here, once): then the publishes are
+        # queued in the list's order, which is the order on the wire.
+        channel, underlay = await self._channel()
+        publishes = [
+            (exchange, routing_key, message.body, self._stamped(message), self._mandatory(exchange))
+            for exchange, routing_key, message in items
+        ] if self.settings.fast_frames else []  # fmt: skip
+        if publishes and all(properties.message_id for _, _, _, properties, _ in publishes):
+            errors = await batch.publish(underlay, publishes, self.settings.publish_timeout_s)
+            if any(errors):
+                await self._after_refusal(channel, errors)
+            return errors
+        # Each publish runs straight to aiormq's channel lock (FIFO), which queues its frames
+        # before the next one's.
+        done = await asyncio.gather(
+            *(
+                self._send(underlay, exchange, routing_key, message, self._mandatory(exchange))
+                for exchange, routing_key, message in items
+            ),
+            return_exceptions=True,
+        )
+        errors = [r if isinstance(r, BaseException) else None for r in done]
+        if any(errors):
+            await self._after_refusal(channel, errors)
+        return errors
+
+    async def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        message: Outbound,
+        headers: dict[str, Any] | None = None,
+    ) -> None:
+        await self.publish_raw(exchange, routing_key, message_to_amqp(message, headers))
+
+    def for_partition(self, message: Envelope, headers: dict[str, Any] | None = None) -> Item:
+        """``message`` addressed to its order's partition, ready for ``publish_many``."""
+        key = self.topology.partition_key(message.order_id)
+        return self.topology.partitions_exchange, key, message_to_amqp(message, headers)
+
+    async def to_partition(self, message: Envelope, headers: dict[str, Any] | None = None) -> None:
+        await self.publish_raw(*self.for_partition(message, headers))
+
+    # Consume until cancelled: ``saga_shared.transport.consumer.consume``, with this bus as its
+    # first argument.
+    consume = consume
+
+
+def _is_a_publisher(bus: Bus) -> Publisher:
+    return bus  # mypy checks here that the bus has the interface its twin has

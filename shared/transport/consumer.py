@@ -1,0 +1,310 @@
+"""Consuming one queue until cancelled, through the bus's connection: one delivery at a time in
+queue order (``sequential``), several at once (``concurrent``), or in batches; a consumer the
+broker dropped is subscribed again. What becomes of each delivery is decided in
+``saga_shared.transport.delivery``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+
+from saga_shared.observability import metrics
+from saga_shared.transport.delivery import (
+    Acks,
+    BatchHandler,
+    FailureHook,
+    Handler,
+    InHand,
+    Outcome,
+    deliver,
+    deliver_batch,
+)
+from saga_shared.transport.linger import NEVER, Linger
+
+if TYPE_CHECKING:
+    from saga_shared.transport.bus import Bus
+
+log = logging.getLogger(__name__)
+
+# A sequential consumer's key for handing several deliveries in at once: deliveries with
+# distinct keys (orders) may be handled together; None: a delivery always handled alone.
+Together = Callable[[AbstractIncomingMessage], str | None]
+
+
+def _unsettled(future: asyncio.Future[object]) -> None:
+    """A delivery in hand whose consumer was cancelled meanwhile (its channel closed) can fail
+    to settle: nobody awaits it any more, so its error is taken here, in one line, instead of
+    asyncio's "exception was never retrieved". The broker redelivers it."""
+    if future.cancelled() or future.exception() is None:
+        return
+    log.warning("a delivery was not settled (%r); the broker redelivers it", future.exception())
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """Deliveries handled side by side: their keys, and the task that settles them."""
+
+    keys: set[str | None]
+    settled: asyncio.Future[object]
+
+
+class ConsumerLost(Exception):
+    """The broker cancelled our consumer; the supervisor subscribes again."""
+
+
+async def consume(
+    bus: Bus,
+    queue_name: str,
+    handler: Handler,
+    *,
+    prefetch: int,
+    mode: Literal["sequential", "concurrent"],
+    on_failure: FailureHook | None = None,
+    batch: BatchHandler | None = None,
+    max_batch: int = 32,
+    together: Together | None = None,
+    depth: int = 1,
+    linger: Linger = NEVER,
+) -> None:
+    """Consume until cancelled. ``sequential`` handles one delivery at a time in queue order
+    (aio-pika would otherwise run one task per delivery and lose the order).
+
+    ``together`` (sequential mode): the deliveries waiting at the head of the queue whose keys
+    differ (up to ``max_batch``, stopping at the first key seen already) are handled at once
+    and settled in queue order, so a handler that groups work (the coordinator's group commit)
+    gets them in one go. Up to ``depth`` such batches are in hand at once (the next one is
+    handed in while the one before commits), never two deliveries of one key: a delivery
+    whose key is in hand waits until that one is settled, its failure recorded, and so does
+    every delivery behind it. Batches settle one after the other, in queue order.
+
+    ``batch`` (concurrent mode only): the deliveries that arrive while a batch runs, or while
+    the next waits for company (``linger``), go together into the next one (up to
+    ``max_batch``), which ``batch`` handles in one go; what it hands back ``Alone`` runs on
+    its own through ``handler``.
+
+    A watchdog notices when the broker cancels the consumer (its queue was deleted, a node
+    failed over) and subscribes again, re-declaring the topology first: a consumer that the
+    server dropped never silently stops the component."""
+
+    def lost(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        metrics.CONSUMER_RESTARTS.labels(queue_name).inc()
+        log.warning("consumer of %s lost (%r); subscribing again", queue_name, exc)
+
+    # A lost connection or channel surfaces in many types: every one means subscribe again.
+    resubscribing = AsyncRetrying(
+        retry=retry_if_exception_type(Exception),
+        wait=wait_exponential(multiplier=0.2, max=5.0),
+        before_sleep=lost,
+    )
+    async for attempt in resubscribing:
+        with attempt:
+            if attempt.retry_state.attempt_number > 1:
+                with contextlib.suppress(Exception):  # the broker may still be away
+                    await bus.declare()
+            subscription = _Subscription(
+                bus, queue_name, handler, prefetch, mode, on_failure, batch, linger
+            )
+            await subscription.run(together, max_batch, depth)
+            raise ConsumerLost(f"the consumer of {queue_name} stopped")
+
+
+class _Subscription:
+    """One channel's consumer, until it is lost or cancelled."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        queue_name: str,
+        handler: Handler,
+        prefetch: int,
+        mode: Literal["sequential", "concurrent"],
+        on_failure: FailureHook | None,
+        batch: BatchHandler | None,
+        linger: Linger = NEVER,
+    ) -> None:
+        self.bus = bus
+        self.queue_name = queue_name
+        self.handler = handler
+        self.prefetch = prefetch
+        self.mode = mode
+        self.on_failure = on_failure
+        self.inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        self.carried: list[AbstractIncomingMessage] = []  # taken, the head of the next batch
+        self.to_settle = 0  # of the group being settled, after the one settling now
+        self.flight: list[_Batch] = []  # the batches in hand (side by side), oldest first
+        self.failed: BaseException | None = None
+        self.in_hand: set[asyncio.Future[object]] = set()
+        self.acks = Acks(self._waiting) if mode == "sequential" else None
+        self.unsettled = InHand()
+        self.batch = batch
+        self.linger = linger
+
+    def _waiting(self) -> bool:
+        # A later batch in hand settles after this one: its ack can cover the held one.
+        later = len(self.flight) > 1
+        return self.to_settle > 0 or later or bool(self.carried) or not self.inbox.empty()
+
+    def keep(self, future: asyncio.Future[object]) -> asyncio.Future[object]:
+        # A delivery in hand runs to its ack even when the consumer is stopped: a graceful
+        # stop finishes it instead of abandoning it half done.
+        self.in_hand.add(future)
+        future.add_done_callback(self.in_hand.discard)
+        future.add_done_callback(_unsettled)
+        return future
+
+    def start(
+        self, message: AbstractIncomingMessage, alone: Handler | None = None
+    ) -> asyncio.Future[object]:
+        settle_with = self.unsettled.settle if self.acks is None else self.acks.settle
+        work = deliver(message, alone or self.handler, self.on_failure, settle_with)
+        return self.keep(asyncio.ensure_future(work))
+
+    async def on_message(self, message: AbstractIncomingMessage) -> None:
+        if self.acks is None:
+            self.unsettled.add(message)
+        if self.mode == "sequential" or self.batch is not None:
+            self.inbox.put_nowait(message)  # before any await: arrival order is kept
+        else:
+            await asyncio.shield(self.start(message))
+
+    async def one_by_one(self) -> None:
+        while True:
+            await asyncio.shield(self.start(await self.inbox.get()))
+
+    async def batches(self, handle: BatchHandler, most: int) -> None:
+        last = 0
+        while True:
+            taken = [await self.inbox.get()]
+            # Taken but not started, like those still in the inbox: a stop meanwhile closes the
+            # channel, and the broker hands it out again.
+            wait = self.linger.wait(last, self.inbox.qsize() + 1, most)
+            if wait:
+                await asyncio.sleep(wait)
+            while not self.inbox.empty() and len(taken) < most:
+                taken.append(self.inbox.get_nowait())
+            last = len(taken)
+            done = deliver_batch(taken, handle, self.unsettled, self.start, self.on_failure)
+            await asyncio.shield(self.keep(asyncio.ensure_future(done)))
+
+    async def side_by_side(self, key: Together, most: int, depth: int) -> None:
+        while True:
+            if self.failed is not None:
+                raise self.failed  # a settle failed: the channel is gone, subscribe again
+            if not self.carried:  # held there while it waits, so acks know more is coming
+                self.carried.append(await self.inbox.get())
+            await self._until_free(key(self.carried[-1]), depth)
+            first = self.carried.pop()
+            taken, seen, flying = [first], {key(first)}, self.flying_keys
+            while None not in seen and not self.inbox.empty() and len(taken) < most:
+                message = self.inbox.get_nowait()
+                k = key(message)
+                if k is None or k in seen or k in flying:
+                    self.carried.append(message)
+                    break
+                seen.add(k)
+                taken.append(message)
+            self._start_batch(taken, seen)
+
+    @property
+    def flying_keys(self) -> set[str | None]:
+        return {k for batch in self.flight for k in batch.keys}
+
+    async def _until_free(self, k: str | None, depth: int) -> None:
+        """Wait (for the oldest batch in hand to settle) until a batch led by key ``k`` may
+        start: fewer than ``depth`` in hand, none of them holding ``k`` (None: none at all)."""
+        while self.flight:
+            flying = self.flying_keys
+            if len(self.flight) < depth and k is not None and not {k, None} & flying:
+                return
+            await asyncio.wait({self.flight[0].settled})
+
+    def _start_batch(self, taken: list[AbstractIncomingMessage], keys: set[str | None]) -> None:
+        before = self.flight[-1].settled if self.flight else None
+        batch = _Batch(keys, self.keep(asyncio.ensure_future(self._together(taken, before))))
+        self.flight.append(batch)
+        batch.settled.add_done_callback(functools.partial(self._landed, batch))
+
+    def _landed(self, batch: _Batch, settled: asyncio.Future[object]) -> None:
+        self.flight.remove(batch)
+        if not settled.cancelled() and settled.exception() is not None:
+            self.failed = settled.exception()
+
+    async def _together(
+        self, taken: list[AbstractIncomingMessage], before: asyncio.Future[object] | None
+    ) -> None:
+        """Handle at once, then settle in queue order, after the batch ``before`` (each failure
+        recorded before any settles)."""
+        assert self.acks is not None
+        outcomes: dict[int, Outcome] = {}
+
+        async def hold(message: AbstractIncomingMessage, outcome: Outcome) -> None:
+            outcomes[id(message)] = outcome
+
+        if len(taken) == 1:  # the common case when idle: no task of its own, no turn of the loop
+            await deliver(taken[0], self.handler, self.on_failure, hold)
+        else:
+            await asyncio.gather(*(deliver(m, self.handler, self.on_failure, hold) for m in taken))
+        if before is not None:
+            await asyncio.wait({before})  # its failure, if any, is its own
+        for i, message in enumerate(taken):
+            self.to_settle = len(taken) - i - 1
+            await self.acks.settle(message, outcomes[id(message)])
+
+    async def run(self, together: Together | None, most: int, depth: int = 1) -> None:
+        channel = await self.bus.connection.channel()
+        await channel.set_qos(prefetch_count=self.prefetch)
+        worker = None
+        if self.batch is not None:
+            worker = asyncio.create_task(self.batches(self.batch, most))
+        elif self.mode == "sequential" and together is not None:
+            worker = asyncio.create_task(self.side_by_side(together, most, depth))
+        elif self.mode == "sequential":
+            worker = asyncio.create_task(self.one_by_one())
+        tag: str | None = None
+        queue = await channel.get_queue(self.queue_name, ensure=False)
+        try:
+            tag = await queue.consume(self.on_message)
+            while True:
+                await asyncio.sleep(self.bus.settings.watchdog_s)
+                underlay = await channel.get_underlay_channel()
+                consumers = getattr(underlay, "consumers", None)
+                if consumers is not None and tag not in consumers:
+                    raise ConsumerLost(f"the broker cancelled the consumer of {self.queue_name}")
+                if worker is not None and worker.done():
+                    worker.result()
+        finally:
+            await self._wind_down(channel, queue, tag, worker)
+
+    async def _wind_down(
+        self,
+        channel: AbstractChannel,
+        queue: AbstractQueue,
+        tag: str | None,
+        worker: asyncio.Task[None] | None,
+    ) -> None:
+        """Stop taking deliveries, let the ones in hand finish (bounded), send the acks held
+        back, then close: whatever was prefetched but not started goes back to the queue, in
+        order."""
+        if tag is not None and not channel.is_closed:
+            with contextlib.suppress(Exception):
+                await queue.cancel(tag)
+        if worker is not None:
+            worker.cancel()
+            await asyncio.gather(worker, return_exceptions=True)
+        if self.in_hand:
+            await asyncio.wait(set(self.in_hand), timeout=self.bus.settings.stop_grace_s)
+        if self.acks is not None and not channel.is_closed:
+            with contextlib.suppress(Exception):
+                await self.acks.flush()
+        if not channel.is_closed:
+            with contextlib.suppress(Exception):
+                await channel.close()

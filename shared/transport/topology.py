@@ -1,0 +1,241 @@
+"""Every exchange and queue, named from one namespace and declared idempotently at start.
+
+Ordering per order comes from the application, not the broker: ``crc32(order_id) % N`` picks one
+of N quorum queues with a single active consumer (the consistent-hash exchange may move a key to
+another queue after a node restart, so it is not used).
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from aio_pika.abc import AbstractChannel, ExchangeType
+
+from saga_shared.config import Settings
+from saga_shared.model.catalog import read_catalog
+
+SERVICES: tuple[str, ...] = ("inventory", "erp", "payments", "email")
+
+
+def partition_of(order_id: str, partitions: int) -> int:
+    # crc32, never hash(): Python salts str hashes per process, so two processes would disagree.
+    return zlib.crc32(order_id.encode()) % partitions
+
+
+def event_patterns(text: str) -> tuple[str, ...]:
+    """``SAGA_EVENTS``: comma-separated patterns of event types, e.g. ``saga.*,step.failed``."""
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+@functools.lru_cache(maxsize=1024)
+def _published(event_type: str, patterns: tuple[str, ...]) -> bool:
+    # Asked for every event of every decision; the event types are a few dozen.
+    return any(fnmatchcase(event_type, pattern) for pattern in patterns)
+
+
+@dataclass(frozen=True)
+class Topology:
+    namespace: str
+    partitions: int
+    delivery_limit: int
+    quorum_size: int = 0  # members per queue on a cluster; 0: the broker's default
+    # Patterns (fnmatch) of the lifecycle events published; "*": all of them.
+    events: tuple[str, ...] = ("*",)
+    # The services (one action queue each) are the catalog's; read when first needed, so a
+    # client that only sends commands needs no catalog.
+    catalog_file: Path | None = None
+    declared_services: tuple[str, ...] | None = None  # given: instead of the catalog file's
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Topology:
+        return cls(
+            settings.namespace, settings.partitions, settings.delivery_limit,
+            settings.quorum_size, events=event_patterns(settings.events),
+            catalog_file=settings.catalog_file,
+        )  # fmt: skip
+
+    @functools.cached_property
+    def services(self) -> tuple[str, ...]:
+        if self.declared_services is not None:
+            return self.declared_services
+        if self.catalog_file is None:
+            return SERVICES
+        return read_catalog(self.catalog_file).services
+
+    def publishes(self, event_type: str) -> bool:
+        return _published(event_type, self.events)
+
+    # --- names ---------------------------------------------------------------------------------
+    @property
+    def commands_exchange(self) -> str:
+        return f"{self.namespace}.commands"
+
+    @property
+    def intake_queue(self) -> str:
+        return f"{self.namespace}.intake"
+
+    @property
+    def partitions_exchange(self) -> str:
+        return f"{self.namespace}.partitions"
+
+    def partition_queue(self, index: int) -> str:
+        return f"{self.namespace}.partition.{index}"
+
+    def partition_key(self, order_id: str) -> str:
+        return str(partition_of(order_id, self.partitions))
+
+    def command_key(self, command_type: str, order_id: str) -> str:
+        """How a client publishes a command of an order: straight to its partition."""
+        return f"{command_type}.{self.partition_key(order_id)}"
+
+    @property
+    def actions_exchange(self) -> str:
+        return f"{self.namespace}.actions"
+
+    def action_queue(self, service: str) -> str:
+        return f"{self.namespace}.action.{service}"
+
+    @property
+    def events_exchange(self) -> str:
+        return f"{self.namespace}.events"
+
+    @property
+    def dead_letter_exchange(self) -> str:
+        return f"{self.namespace}.dlx"
+
+    @property
+    def dead_letter_queue(self) -> str:
+        return f"{self.namespace}.dead-letters"
+
+    @property
+    def last_resort_queue(self) -> str:
+        """Where the ingester puts a dead letter it could not store after its own retries:
+        nobody consumes it; ``saga dlq last-resort`` shows what is there."""
+        return f"{self.namespace}.dead-letters.last-resort"
+
+    def all_queues(self) -> list[str]:
+        return [
+            self.intake_queue,
+            *(self.partition_queue(i) for i in range(self.partitions)),
+            *(self.action_queue(s) for s in self.services),
+            self.dead_letter_queue,
+            self.last_resort_queue,
+        ]
+
+    def kind_of(self, queue: str | None) -> tuple[str, int | str | None]:
+        """What a queue of this namespace is: ("intake", None), ("partition", index),
+        ("action", service), or ("other", None)."""
+        if queue == self.intake_queue:
+            return "intake", None
+        prefix = f"{self.namespace}.partition."
+        if queue and queue.startswith(prefix) and queue[len(prefix) :].isdigit():
+            return "partition", int(queue[len(prefix) :])
+        actions = f"{self.namespace}.action."
+        if queue and queue.startswith(actions) and len(queue) > len(actions):
+            return "action", queue[len(actions) :]
+        return "other", None
+
+    def all_exchanges(self) -> list[str]:
+        return [
+            self.commands_exchange,
+            self.partitions_exchange,
+            self.actions_exchange,
+            self.events_exchange,
+            self.dead_letter_exchange,
+        ]
+
+    # --- declaration ---------------------------------------------------------------------------
+    def _quorum_args(self) -> dict[str, Any]:
+        args: dict[str, Any] = {"x-queue-type": "quorum"}
+        if self.quorum_size:
+            args["x-quorum-initial-group-size"] = self.quorum_size
+        return args
+
+    def _work_queue_args(self, *, single_active: bool) -> dict[str, Any]:
+        # At-least-once dead-lettering needs all three of strategy, reject-publish overflow and a
+        # dead-letter exchange; without any one RabbitMQ silently falls back to at-most-once.
+        args: dict[str, Any] = {
+            **self._quorum_args(),
+            "x-delivery-limit": self.delivery_limit,
+            "x-dead-letter-exchange": self.dead_letter_exchange,
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+        }
+        if single_active:
+            args["x-single-active-consumer"] = True
+        return args
+
+    def bindings(self) -> list[tuple[str, str, str]]:
+        """Every (exchange, routing key, queue) binding of the work queues: what ``declare``
+        binds, and what the in-memory bus routes by."""
+        commands, partitions = self.commands_exchange, self.partitions_exchange
+        out = [(commands, key, self.intake_queue) for key in ("saga.*", "dlq.*")]
+        for index in range(self.partitions):
+            queue = self.partition_queue(index)
+            out += [(partitions, str(index), queue), (commands, f"saga.*.{index}", queue)]
+        out += [(self.actions_exchange, s, self.action_queue(s)) for s in self.services]
+        out.append((self.dead_letter_exchange, "#", self.dead_letter_queue))
+        return out
+
+    async def declare(self, channel: AbstractChannel) -> None:
+        commands = await channel.declare_exchange(
+            self.commands_exchange, ExchangeType.TOPIC, durable=True
+        )
+        partitions = await channel.declare_exchange(
+            self.partitions_exchange, ExchangeType.DIRECT, durable=True
+        )
+        actions = await channel.declare_exchange(
+            self.actions_exchange, ExchangeType.DIRECT, durable=True
+        )
+        await channel.declare_exchange(self.events_exchange, ExchangeType.TOPIC, durable=True)
+        dlx = await channel.declare_exchange(
+            self.dead_letter_exchange, ExchangeType.FANOUT, durable=True
+        )
+
+        dead = await channel.declare_queue(
+            self.dead_letter_queue, durable=True, arguments=self._quorum_args()
+        )
+        await dead.bind(dlx)
+        await channel.declare_queue(
+            self.last_resort_queue, durable=True, arguments=self._quorum_args()
+        )
+
+        intake = await channel.declare_queue(
+            self.intake_queue, durable=True, arguments=self._work_queue_args(single_active=True)
+        )
+        # A command under its bare type (``saga.start``, ``dlq.replay``) comes to the intake;
+        # under its type and its order's partition (``saga.start.3``), to the partition itself.
+        for old in ("#", "saga.#"):  # what earlier versions bound
+            await intake.unbind(commands, routing_key=old)
+        bindings = self.bindings()
+        for _, key, _ in (b for b in bindings if b[2] == self.intake_queue):
+            await intake.bind(commands, routing_key=key)
+
+        for index in range(self.partitions):
+            queue = await channel.declare_queue(
+                self.partition_queue(index),
+                durable=True,
+                arguments=self._work_queue_args(single_active=True),
+            )
+            for exchange, key, _ in (b for b in bindings if b[2] == queue.name):
+                await queue.bind(commands if exchange == commands.name else partitions, key)
+
+        for service in self.services:
+            queue = await channel.declare_queue(
+                self.action_queue(service),
+                durable=True,
+                arguments=self._work_queue_args(single_active=False),
+            )
+            await queue.bind(actions, routing_key=service)
+
+    async def delete(self, channel: AbstractChannel) -> None:
+        """Remove everything (tests clean up after themselves)."""
+        for name in self.all_queues():
+            await channel.queue_delete(name)
+        for name in self.all_exchanges():
+            await channel.exchange_delete(name)
