@@ -94,15 +94,17 @@ def messages_tables() -> str:
 
 
 def metrics_table() -> str:
-    from prometheus_client import REGISTRY
+    from prometheus_client.metrics import MetricWrapperBase
 
-    import saga_shared.observability.metrics  # noqa: F401 - registers every metric of the product
+    from saga_shared.observability import metrics
 
-    rows = ["| Metric | Type | What it counts |", "|---|---|---|"]
-    for family in sorted(REGISTRY.collect(), key=lambda f: f.name):
-        if family.name.startswith("saga_"):
-            name = family.name + ("_total" if family.type == "counter" else "")
-            rows.append(f"| `{name}` | {family.type} | {_cell(family.documentation)} |")
+    found = [m for m in vars(metrics).values() if isinstance(m, MetricWrapperBase)]
+    rows = ["| Metric | Type | Labels | What it counts |", "|---|---|---|---|"]
+    for metric in sorted(found, key=lambda m: m._name):
+        kind = metric._type
+        name = metric._name + ("_total" if kind == "counter" else "")
+        labels = ", ".join(metric._labelnames)
+        rows.append(f"| `{name}` | {kind} | {labels} | {_cell(metric._documentation)} |")
     return "\n".join(rows)
 
 

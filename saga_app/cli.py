@@ -66,6 +66,8 @@ from saga_shared.storage.migrations import migrate as run_migrations
 from saga_shared.storage.migrations import pending
 from saga_shared.transport.bus import Bus
 
+log = logging.getLogger(__name__)
+
 
 @click.group(
     cls=SagaGroup, context_settings={"help_option_names": ["-h", "--help"], "show_default": True}
@@ -119,6 +121,9 @@ def run(ctx: click.Context, components: tuple[str, ...], demo: bool) -> None:
 
 
 async def _serve(settings: Settings, components: tuple[str, ...], demo: bool) -> None:
+    # The components, the catalog and the console's accounts are checked before anything is
+    # served: a mistyped component is its one error line, not the second after a metrics one.
+    first = Stack(settings, components, console=ConsoleSettings.from_env())
     if settings.metrics_bind != "off":
         metrics.serve(settings.metrics_bind)
     tracing.configure("saga-" + "-".join(components or ("all",)))
@@ -126,15 +131,16 @@ async def _serve(settings: Settings, components: tuple[str, ...], demo: bool) ->
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    stack = await _start_when_ready(settings, components, stop)
+    with logs.waiting_for_the_broker():
+        stack = await _start_when_ready(settings, components, stop, first)
     if stack is None:
         return
     try:
-        click.echo(f"running {', '.join(stack.components)}; Ctrl-C to stop", err=True)
+        log.info("running %s; Ctrl-C to stop", ", ".join(stack.components))
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(stack.wait())]
         if demo:
             await run_demo(settings, click.echo)
-            click.echo("\ndemo done; the stack keeps running (Ctrl-C to stop)", err=True)
+            log.info("demo done; the stack keeps running (Ctrl-C to stop)")
         done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
             task.cancel()
@@ -142,11 +148,11 @@ async def _serve(settings: Settings, components: tuple[str, ...], demo: bool) ->
             task.result()
     finally:
         await stack.stop()
-    click.echo("stopped", err=True)
+    log.info("stopped")
 
 
 async def _start_when_ready(
-    settings: Settings, components: tuple[str, ...], stop: asyncio.Event
+    settings: Settings, components: tuple[str, ...], stop: asyncio.Event, first: Stack
 ) -> Stack | None:
     """A process started while RabbitMQ or Postgres is down (or still recovering) waits for
     them instead of exiting; a restart loop of its supervisor is then never needed."""
@@ -161,11 +167,15 @@ async def _start_when_ready(
         sleep=until_stopped,
         before_sleep=_say_waiting,
     )
+    fresh: Stack | None = first
+    # The first stack said what it runs (and why not the console): the next tries stay quiet.
+    console = ConsoleSettings.from_env() if first.console_runner is not None else None
     async for attempt in waiting:
         with attempt:
             if stop.is_set():
                 return None
-            stack = Stack(settings, components, console=ConsoleSettings.from_env())
+            stack = fresh or Stack(settings, components, console=console)
+            fresh = None  # a stack that failed to start is not started again: a new one is
             try:
                 await _schema_ready(settings)
                 await stack.start()
@@ -178,7 +188,7 @@ async def _start_when_ready(
 
 def _say_waiting(state: RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome is not None else None
-    click.echo(f"waiting for the broker and the database: {exc!r}", err=True)
+    log.warning("waiting for the broker and the database: %r", exc)
 
 
 _NOT_READY = (

@@ -61,6 +61,8 @@ def dlq() -> None:
 @click.pass_context
 def dlq_list(ctx: click.Context, order_id: str | None, reason: str | None, since: str | None,
              status: str | None, limit: int, as_json: bool) -> None:  # fmt: skip
+    """The dead letters, newest first: why each died, whose it was, whether it blocks its
+    order. `saga dlq show ID` tells one whole."""
     settings = settings_of(ctx)
     moment = parse_since(since)
     rows = run_async(

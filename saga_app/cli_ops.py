@@ -8,6 +8,9 @@ from saga_app.cli_support import run_async, settings_of, with_pool
 from saga_app.output import dump, table, warning
 from saga_services import faults as fault_store
 from saga_services.effects import applied_twice, effect_tables, effects_for_order
+from saga_shared.config import Settings
+from saga_shared.errors import SagaError
+from saga_shared.model.gateway import load_catalog
 from saga_shared.model.text import clean
 
 
@@ -22,13 +25,25 @@ def faults() -> None:
 @click.option("--mode", required=True, help="permanent | transient:N | hang | hang:N")
 @click.pass_context
 def faults_add(ctx: click.Context, action: str, order_id: str, mode: str) -> None:
+    """Make ACTION fail for one order in the simulated systems: permanent (refused, nothing
+    landed), transient:N (the next N calls fail, then it works), hang or hang:N (no answer:
+    the step's deadline fires). `saga faults clear --order ID` lifts them."""
     try:
         fault_store.parse_mode(mode)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--mode") from None
+    try:
         fault_store.check_action(action)
     except ValueError as exc:
-        raise click.BadParameter(
-            str(exc), param_hint="--mode" if "mode" in str(exc) else "ACTION"
-        ) from None
+        if _in_own_catalog(settings_of(ctx), action):
+            # Said plainly rather than accepted: nothing would ever apply it.
+            raise click.BadParameter(
+                f"{action} is served by your own service, and faults are injected in the "
+                "simulated systems only; rehearse its failures with the test kit "
+                "(kit.fail, or s.fail in the simulation) or in your system itself",
+                param_hint="ACTION",
+            ) from None
+        raise click.BadParameter(str(exc), param_hint="ACTION") from None
     run_async(
         with_pool(settings_of(ctx), lambda p: fault_store.add_fault(p, action, order_id, mode))
     )
@@ -39,6 +54,7 @@ def faults_add(ctx: click.Context, action: str, order_id: str, mode: str) -> Non
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def faults_list(ctx: click.Context, as_json: bool) -> None:
+    """The faults in place: action, order, mode and how many calls it still fails."""
     rows = run_async(with_pool(settings_of(ctx), fault_store.list_faults))
     if as_json:
         dump(rows)
@@ -51,6 +67,7 @@ def faults_list(ctx: click.Context, as_json: bool) -> None:
 @click.option("--order", "order_id", help="Only this order's faults")
 @click.pass_context
 def faults_clear(ctx: click.Context, order_id: str | None) -> None:
+    """Lift the faults of one order (--order), or all of them."""
     count = run_async(with_pool(settings_of(ctx), lambda p: fault_store.clear_faults(p, order_id)))
     click.echo(f"cleared {count} fault(s)")
 
@@ -73,3 +90,12 @@ def effects(ctx: click.Context, order_id: str, as_json: bool) -> None:
     if twice:
         click.echo()
         warning(f"WARNING: applied more than once for key(s): {', '.join(twice)}")
+
+
+def _in_own_catalog(settings: Settings, action: str) -> bool:
+    """Whether SAGA_CATALOG_PATH declares ``action`` (a service of one's own, then)."""
+    try:
+        catalog = load_catalog(settings.catalog_file)
+    except (SagaError, OSError):
+        return False  # a catalog that cannot load says so where it is used, not here
+    return action in catalog.actions or action in catalog.compensations

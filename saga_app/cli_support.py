@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -12,6 +13,7 @@ from typing import Any, TypeVar
 import asyncpg
 import click
 from aiormq.exceptions import AMQPConnectionError, AMQPError
+from click.core import ParameterSource
 from pydantic import ValidationError
 
 from saga_app.output import dump
@@ -42,16 +44,43 @@ class SagaGroup(click.Group):
     characters escaped (an ID or a reason that someone else chose is part of many errors, and
     must not be able to rewrite what the operator's terminal shows)."""
 
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:  # fmt: skip
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.BadParameter as exc:
+            raise (from_environment(exc) or exc) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except click.ClickException as exc:
+            named = from_environment(exc)
+            if named is not None:
+                raise named from None
             said = exc.format_message()
             if one_line(said) == said or isinstance(exc, click.exceptions.NoArgsIsHelpError):
                 raise  # (a group without its command shows its help, lines and all)
             if isinstance(exc, click.UsageError):
                 raise click.UsageError(one_line(said), exc.ctx) from None
             raise click.ClickException(one_line(said)) from None
+
+
+def from_environment(exc: click.ClickException) -> click.ClickException | None:
+    """A bad value read from a variable is a bad setting, as every other: one line naming the
+    variable, exit 1; no usage text, since nothing on the command line was wrong."""
+    param = getattr(exc, "param", None)
+    ctx = getattr(exc, "ctx", None)
+    if not isinstance(exc, click.BadParameter) or param is None or ctx is None or not param.name:
+        return None
+    if ctx.get_parameter_source(param.name) is not ParameterSource.ENVIRONMENT:
+        return None
+    variable = param.envvar if isinstance(param.envvar, str) else param.envvar[0]
+    value = os.environ.get(variable, "")
+    shown = value if len(value) <= 40 else value[:40] + "..."
+    return click.ClickException(one_line(f"{variable}={shown!r}: {exc.message}"))
 
 
 def one_line(text: str) -> str:

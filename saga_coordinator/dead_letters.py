@@ -224,6 +224,8 @@ class DeadLetterIngester:
         self.store = store
         self.release = release
         self.directory = Directory.from_settings(settings)
+        for reason in metrics.DEAD_LETTER_REASONS:
+            metrics.DEAD_LETTERS.labels(reason)  # each series at 0 before its first letter
 
     async def handle(self, delivery: AbstractIncomingMessage) -> None:
         headers = dict(delivery.headers or {})
@@ -243,11 +245,14 @@ class DeadLetterIngester:
             await self.store.run(lambda tx: self._unstorable(tx, delivery, error))
             return
         metrics.DEAD_LETTERS.labels(letter.reason).inc()
-        # The one place a failure's traceback is logged: the consumer that gave up kept it.
+        # The one place a failure's traceback is logged (the consumer that gave up kept it):
+        # the error in the line, the traceback in its own key (logs.TRACEBACK).
+        said, _, trace = (letter.error or "no error recorded").partition("\n")
+        context = logs.context(message_id=letter.message_id, order_id=letter.order_id,
+                               saga_id=letter.saga_id, queue=letter.queue)  # fmt: skip
         log.warning("dead letter %s: %s %s (%s): %s", dl_id, letter.message_type,
-                    letter.message_id, letter.reason, letter.error or "no error recorded",
-                    extra=logs.context(message_id=letter.message_id, order_id=letter.order_id,
-                                       saga_id=letter.saga_id, queue=letter.queue))  # fmt: skip
+                    letter.message_id, letter.reason, said,
+                    extra={**context, logs.TRACEBACK: trace})  # fmt: skip
 
     async def _ingest(self, tx: Tx, delivery: AbstractIncomingMessage) -> tuple[int, Letter]:
         headers = dict(delivery.headers or {})

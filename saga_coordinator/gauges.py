@@ -1,6 +1,5 @@
-"""Reads what the database holds into the gauges of ``saga_shared.observability.metrics``: blocked
-orders,
-waiting sagas, the people's queue, the outbox. Runs in the coordinator process."""
+"""Reads what the database holds into the gauges of ``saga_shared.observability.metrics``:
+blocked orders, waiting sagas, the people's queue, the outbox. Runs in the coordinator process."""
 
 from __future__ import annotations
 
@@ -24,12 +23,14 @@ async def read_gauges(pool: asyncpg.Pool) -> None:
     metrics.SAGAS_WAITING.set(row["waiting"])
     metrics.PEOPLE_QUEUE.labels("needs_human").set(row["needs_human"])
     metrics.PEOPLE_QUEUE.labels("awaiting_approval").set(row["awaiting_approval"])
-    metrics.PEOPLE_OLDEST.set(float(row["people_oldest_s"] or 0))
+    for status in ("needs_human", "awaiting_approval"):
+        metrics.PEOPLE_OLDEST.labels(status).set(float(row[f"{status}_oldest_s"] or 0))
     metrics.OUTBOX_DEPTH.set(row["outbox_depth"])
     metrics.OUTBOX_LAG.set(float(row["outbox_lag_s"] or 0))
 
 
 async def keep_gauges(pool: asyncpg.Pool, every_s: float) -> None:
+    metrics.export_database_gauges()
     while True:
         try:
             await read_gauges(pool)

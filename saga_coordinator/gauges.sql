@@ -9,6 +9,8 @@ SELECT
     (SELECT count(*) FROM sagas WHERE status = 'needs_human') AS needs_human,
     (SELECT count(*) FROM sagas WHERE status = 'awaiting_approval') AS awaiting_approval,
     (SELECT extract(epoch FROM now() - min(updated_at)) FROM sagas
-     WHERE status IN ('needs_human', 'awaiting_approval')) AS people_oldest_s,
+     WHERE status = 'needs_human') AS needs_human_oldest_s,
+    (SELECT extract(epoch FROM now() - min(updated_at)) FROM sagas
+     WHERE status = 'awaiting_approval') AS awaiting_approval_oldest_s,
     (SELECT count(*) FROM outbox) AS outbox_depth,
     (SELECT extract(epoch FROM now() - min(created_at)) FROM outbox) AS outbox_lag_s;

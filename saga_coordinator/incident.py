@@ -144,7 +144,7 @@ def render_markdown(state: SagaState) -> str:
         ("What never happened", r["never_happened"],
          lambda x: x["action"] + (f": {x['why']}" if x["why"] else "")),
         ("Who decided what", r["decisions"],
-         lambda x: f"{x['at']} {x['kind']} by {_who(x['by'], x['role'])}: {x['note']}"),
+         lambda x: f"{x['at']} {x['kind']} by {_who(x['by'], x['role'])}{_said(x['note'])}"),
     ]  # fmt: skip
     for title, items, line in sections:
         lines += ["", f"## {title}", ""]
@@ -173,7 +173,7 @@ def render_summary(state: SagaState) -> str:
             for x in r["never_happened"]
         ],
         "decisions": [
-            f"{d.at:%Y-%m-%d %H:%M:%S} {d.kind} by {_who(d.by, d.role)}: {d.note}"
+            f"{d.at:%Y-%m-%d %H:%M:%S} {d.kind} by {_who(d.by, d.role)}{_said(d.note)}"
             for d in state.decisions
         ],
     }
@@ -182,6 +182,11 @@ def render_summary(state: SagaState) -> str:
         for title, lines in sections.items()
         if lines
     )
+
+
+def _said(note: str) -> str:
+    """A decision's note after a colon; nothing at all for a decision sent without one."""
+    return f": {note}" if note.strip() else ""
 
 
 def _who(by: str, role: str) -> str:

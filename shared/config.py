@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -347,6 +347,9 @@ def masked(url: str) -> str:
     return url.replace(f":{password}@", ":******@", 1)
 
 
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+
 def _check_url(url: str, schemes: tuple[str, ...]) -> None:
     """A URL the clients can use, or the reason it is not (the caller names the setting)."""
     control = _CONTROL.search(url)
@@ -362,3 +365,7 @@ def _check_url(url: str, schemes: tuple[str, ...]) -> None:
             raise _Rule(f"the scheme must be one of {', '.join(schemes)}")
         if not parts.hostname and "host=" not in parts.query:
             raise _Rule("no host")
+        # asyncpg refuses a bad sslmode only when it connects, without naming the setting.
+        for mode in parse_qs(parts.query).get("sslmode", []):
+            if mode not in _SSLMODES:
+                raise _Rule(f"sslmode={mode!r}: use one of {', '.join(_SSLMODES)}")

@@ -49,14 +49,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def logging_as_it_was() -> Iterator[None]:
-    """A test that runs ``saga``'s group (CliRunner) has it configure logging: a rate limit on
-    every root handler, pytest's own among them. What it added goes when the test ends, so no
-    later test loses records to it."""
+    """A test that runs ``saga``'s group (CliRunner) has it configure logging: filters and a
+    format on every root handler, pytest's own among them. What it changed is put back when the
+    test ends, so no later test loses records to it."""
     root = logging.getLogger()
-    kept = [(handler, list(handler.filters)) for handler in root.handlers]
+    kept = [(handler, list(handler.filters), handler.formatter) for handler in root.handlers]
     yield
-    for handler, filters in kept:
+    for handler, filters, formatter in kept:
         handler.filters[:] = filters
+        handler.setFormatter(formatter)
 
 
 @pytest.fixture(scope="session")

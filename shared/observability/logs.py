@@ -3,15 +3,34 @@ minute, then counted, so a flood of bad messages cannot fill a disk with log lin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # What a log line may say about the message it is about (``extra=`` of the logging call).
 CONTEXT = ("saga_id", "order_id", "action", "message_id", "queue")
+# ``extra=`` key of a traceback kept as text (a stored failure's): it goes where an exception's
+# does, the ``traceback`` key of a JSON line, after the line in text.
+TRACEBACK = "stored_traceback"
+
+
+def _traceback_of(record: logging.LogRecord, formatter: logging.Formatter) -> str:
+    if record.exc_info:
+        return formatter.formatException(record.exc_info)
+    return str(getattr(record, TRACEBACK, "") or "")
+
+
+class TextLines(logging.Formatter):
+    """The text format, with a stored traceback after its line as an exception's would be."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        stored = "" if record.exc_info else _traceback_of(record, self)
+        return f"{line}\n{stored}" if stored else line
 
 
 class JsonLines(logging.Formatter):
@@ -26,8 +45,9 @@ class JsonLines(logging.Formatter):
             "message": record.getMessage(),
         }
         line.update({k: getattr(record, k) for k in CONTEXT if getattr(record, k, None)})
-        if record.exc_info:
-            line["traceback"] = self.formatException(record.exc_info)
+        trace = _traceback_of(record, self)
+        if trace:
+            line["traceback"] = trace
         return json.dumps(line, default=str)
 
 
@@ -92,6 +112,53 @@ class OneLine(logging.Filter):
         return True
 
 
+class BrokerLines(logging.Filter):
+    """The AMQP libraries' lines, one per event. A lost or refused connection is one line per
+    retry: aio-pika's "Reconnecting after", with aiormq's error of that try folded into it (the
+    error's own line dropped). A channel or connection the libraries recover logs its message
+    and error on one line, the traceback only at DEBUG. While the process waits for the broker
+    at its start (``waiting``), its own line says so and theirs are dropped."""
+
+    LIBRARIES = ("aiormq.", "aio_pika.")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = False
+        self._error: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.LIBRARIES):
+            return True
+        if self.waiting:
+            return False
+        said = record.getMessage()
+        if said.startswith("error when creating transport: "):
+            self._error = said.removeprefix("error when creating transport: ")
+            return False
+        if "Reconnecting after" in said and self._error is not None:
+            said = said.replace(" closed.", f" closed ({self._error}).", 1)
+            self._error = None
+        if record.exc_info and not log_debug():
+            said = f"{said}: {record.exc_info[1]!r}"
+            record.exc_info = None
+            record.exc_text = None
+        record.msg, record.args = said, None
+        return True
+
+
+BROKER_LINES = BrokerLines()
+
+
+@contextlib.contextmanager
+def waiting_for_the_broker() -> Iterator[None]:
+    """While a process waits for the broker at its start, its own line says so, once a try."""
+    BROKER_LINES.waiting = True
+    try:
+        yield
+    finally:
+        BROKER_LINES.waiting = False
+
+
 def log_debug() -> bool:
     return logging.getLogger().isEnabledFor(logging.DEBUG)
 
@@ -107,6 +174,6 @@ def configure(level: str, fmt: str = "text") -> None:
         pool_log.addFilter(OneLine())
     limit = RateLimit()
     for handler in logging.getLogger().handlers:
+        handler.addFilter(BROKER_LINES)
         handler.addFilter(limit)
-        if fmt == "json":
-            handler.setFormatter(JsonLines())
+        handler.setFormatter(JsonLines() if fmt == "json" else TextLines(FORMAT))

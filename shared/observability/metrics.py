@@ -8,9 +8,17 @@ queue, the outbox) are read by the coordinator process every ``SAGA_METRICS_POLL
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 
 from saga_shared.config import parse_bind
 
@@ -33,6 +41,13 @@ COMPENSATIONS = Counter(
 )
 RETRIES = Counter("saga_retries", "Calls tried again after a transient error", ["action"])
 DEAD_LETTERS = Counter("saga_dead_letters", "Deliveries dead-lettered, by reason", ["reason"])
+# Every reason's series exists from the start, at 0: a counter whose series appeared only at 1
+# would hide the first dead letter of a reason from increase() (SagaDeadLettersGrowing). The
+# broker's reasons (x-first-death-reason), then the coordinator's own.
+DEAD_LETTER_REASONS = (
+    "delivery_limit", "rejected", "expired", "maxlen",
+    "forged", "invalid", "unroutable", "unstorable",
+)  # fmt: skip
 CONSUMER_RESTARTS = Counter(
     "saga_consumer_restarts", "Consumers subscribed again after the broker dropped them", ["queue"]
 )
@@ -48,16 +63,39 @@ GROUPS = Counter(
     "found the database changed)",
     ["path"],
 )
-ORDERS_BLOCKED = Gauge("saga_orders_blocked", "Orders held by a failed or dead-lettered message")
-SAGAS_WAITING = Gauge("saga_sagas_waiting", "Sagas queued behind another saga of their order")
+# What the coordinator reads from Postgres (saga_coordinator.gauges): exported by the process
+# that reads them only (``export_database_gauges``), never as a constant 0 by the others.
+ORDERS_BLOCKED = Gauge(
+    "saga_orders_blocked", "Orders held by a failed or dead-lettered message", registry=None
+)
+SAGAS_WAITING = Gauge(
+    "saga_sagas_waiting", "Sagas queued behind another saga of their order", registry=None
+)
 PEOPLE_QUEUE = Gauge(
-    "saga_people_queue", "Sagas waiting for a person (needs_human, awaiting_approval)", ["status"]
+    "saga_people_queue",
+    "Sagas waiting for a person (needs_human, awaiting_approval)",
+    ["status"],
+    registry=None,
 )
 PEOPLE_OLDEST = Gauge(
-    "saga_people_queue_oldest_seconds", "How long the oldest saga has waited for a person"
+    "saga_people_queue_oldest_seconds",
+    "How long the oldest saga of each status has waited for a person (0: none waits)",
+    ["status"],
+    registry=None,
 )
-OUTBOX_DEPTH = Gauge("saga_outbox_depth", "Committed messages not yet published")
-OUTBOX_LAG = Gauge("saga_outbox_lag_seconds", "Age of the oldest unpublished message")
+OUTBOX_DEPTH = Gauge("saga_outbox_depth", "Committed messages not yet published", registry=None)
+OUTBOX_LAG = Gauge(
+    "saga_outbox_lag_seconds", "Age of the oldest unpublished message", registry=None
+)
+DATABASE_GAUGES = (ORDERS_BLOCKED, SAGAS_WAITING, PEOPLE_QUEUE, PEOPLE_OLDEST, OUTBOX_DEPTH,
+                   OUTBOX_LAG)  # fmt: skip
+
+
+def export_database_gauges(registry: CollectorRegistry = REGISTRY) -> None:
+    """Export the database's gauges from this process (the coordinator's); once."""
+    for gauge in DATABASE_GAUGES:
+        with contextlib.suppress(ValueError):  # registered already
+            registry.register(gauge)
 
 
 def serve(bind: str) -> bool:

@@ -60,10 +60,11 @@ def command_sender(directory: Directory, user: str | None) -> Role:
 def acting_sender(
     directory: Directory, user: str, role: Role, headers: Mapping[str, Any] | None
 ) -> Sender:
-    """Who a command acts for. The console signs people in and sends their decisions from its
-    own account, naming the person in ``x-on-behalf-of``: the command then has a person's
-    rights and the register records that person, via the console. Only the console's account
-    (or the one account of ``shared`` mode) may name someone else."""
+    """Who a command acts for. The console signs people and operators in and sends their
+    decisions from its own account, naming them in ``x-on-behalf-of``: one named in
+    ``SAGA_PEOPLE`` has a person's rights, anyone else an operator's (as the CLI's ops account),
+    and the register records who, via the console. Only the console's account (or the one
+    account of ``shared`` mode, which verifies nothing) may name someone else."""
     named = (headers or {}).get(ON_BEHALF_HEADER)
     if named is None:
         return Sender(user=user, role=role)
@@ -73,7 +74,8 @@ def acting_sender(
     person = header_text(named, 80)
     if person is None or not _PERSON.match(person):
         raise PlanRejected("not_permitted", f"{ON_BEHALF_HEADER}: not a user name")
-    return Sender(user=person, role="person", via=user)
+    is_person = not directory.verifies or person in directory.people
+    return Sender(user=person, role="person" if is_person else "ops", via=user)
 
 
 def partition_message(directory: Directory, message: PartitionMessage, user: str | None) -> None:

@@ -200,7 +200,7 @@ def every_case() -> list[Case]:
         Case("faults add", "unknown option", ("faults", "add", "--no-such-option"), (), "usage"),
         Case("", "bad log level", ("--log-level", "bogus", "list"), (), "usage"),
         Case("", "bad log level from the environment", ("list",),
-             (("SAGA_LOG_LEVEL", "bogus"),), "usage"),
+             (("SAGA_LOG_LEVEL", "bogus"),)),  # a bad setting: one line naming it, exit 1
         Case("", "10,000-digit partitions", ("--partitions", HUGE, "list"), (), "usage"),
         Case("", "10,000-digit partitions from the environment", ("list",),
              (("SAGA_PARTITIONS", HUGE),)),

@@ -255,6 +255,7 @@ def test_a_coordinator_share_is_k_of_n() -> None:
         ("SAGA_AMQP_URL", "amqp:///vhost", "no host"),
         ("SAGA_DATABASE_URL", "mysql://db/saga", "scheme must be one of postgresql"),
         ("SAGA_DATABASE_URL", "postgresql://u:hunter2@db:x/saga", "Port could not be cast"),
+        ("SAGA_DATABASE_URL", "postgresql://u:hunter2@db/saga?sslmode=bogus", "sslmode='bogus'"),
     ],
 )
 def test_a_url_the_clients_cannot_use_is_refused_without_showing_its_password(
@@ -269,6 +270,7 @@ def test_a_url_the_clients_cannot_use_is_refused_without_showing_its_password(
 def test_tls_and_socket_urls_are_accepted() -> None:
     Settings(amqp_url="amqps://u:p@broker:5671/v?cafile=/etc/ca.pem")
     Settings(database_url="postgresql:///saga?host=/var/run/postgresql")
+    Settings(database_url="postgresql://db/saga?sslmode=verify-full&sslrootcert=/etc/ca.pem")
 
 
 def test_a_constructed_settings_ignores_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -96,3 +96,17 @@ def test_a_librarys_reconnection_warning_is_one_line() -> None:
         'Failed to restore the pool floor: ConnectionRefusedError(111, "Connect call failed '
         "('127.0.0.1', 1)\")"
     )
+
+
+def test_a_stored_traceback_goes_to_its_key_not_into_the_message() -> None:
+    from saga_shared.observability.logs import TRACEBACK, TextLines
+
+    stored = 'Traceback (most recent call last):\n  File "x.py", line 1\nKeyError: 1'
+    record = logging.LogRecord("saga_coordinator.dead_letters", logging.WARNING, __file__, 1,
+                               "dead letter %s: %s", (7, "KeyError: 1"), None)  # fmt: skip
+    record.__dict__[TRACEBACK] = stored
+    line = json.loads(JsonLines().format(record))
+    assert line["message"] == "dead letter 7: KeyError: 1"
+    assert line["traceback"] == stored
+    text = TextLines("%(message)s").format(record)
+    assert text == f"dead letter 7: KeyError: 1\n{stored}"

@@ -136,3 +136,15 @@ def test_only_the_console_names_the_person_it_acts_for() -> None:
             trust.acting_sender(ROLES, "saga-console", "console", {trust.ON_BEHALF_HEADER: bad})
     # shared mode verifies nothing: its one account is the console too
     assert trust.acting_sender(SHARED, "guest", "person", header).via == "guest"
+
+
+def test_a_console_operator_who_is_not_a_person_acts_as_an_operator() -> None:
+    """A console account named in SAGA_PEOPLE decides as that person; any other operator
+    decides as an operator, so a gate that needs a person, a resolve or a settle refuses it."""
+    via_console = {trust.ON_BEHALF_HEADER: "olga"}  # a console operator, not in SAGA_PEOPLE
+    olga = trust.acting_sender(ROLES, "saga-console", "console", via_console)
+    assert olga == Sender(user="olga", role="ops", via="saga-console")
+    assert "person" in (may_decide_gate(True, olga) or "")
+    assert may_decide_gate(False, olga) is None
+    assert may_send(olga.role, "saga.resolve") == "only a person may resolve a saga"
+    assert may_send(olga.role, "saga.settle") is not None
