@@ -124,8 +124,19 @@ async def _serve(settings: Settings, components: tuple[str, ...], demo: bool) ->
     # The components, the catalog and the console's accounts are checked before anything is
     # served: a mistyped component is its one error line, not the second after a metrics one.
     first = Stack(settings, components, console=ConsoleSettings.from_env())
-    if settings.metrics_bind != "off":
-        metrics.serve(settings.metrics_bind)
+    beating = None
+    if settings.metrics_bind != "off" and metrics.serve(settings.metrics_bind):
+        beating = asyncio.create_task(metrics.heartbeat())
+    try:
+        await _run_stack(settings, components, demo, first)
+    finally:
+        if beating is not None:
+            beating.cancel()
+
+
+async def _run_stack(
+    settings: Settings, components: tuple[str, ...], demo: bool, first: Stack
+) -> None:
     tracing.configure("saga-" + "-".join(components or ("all",)))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -79,8 +79,9 @@ def from_environment(exc: click.ClickException) -> click.ClickException | None:
         return None
     variable = param.envvar if isinstance(param.envvar, str) else param.envvar[0]
     value = os.environ.get(variable, "")
-    shown = value if len(value) <= 40 else value[:40] + "..."
-    return click.ClickException(one_line(f"{variable}={shown!r}: {exc.message}"))
+    shown = clean(value, 40)  # a 10,000-digit value is not echoed whole, here or in the reason
+    reason = exc.message.replace(value, shown) if value else exc.message
+    return click.ClickException(one_line(f"{variable}='{shown}': {reason}"))
 
 
 def one_line(text: str) -> str:

@@ -1,7 +1,7 @@
 """An agent's refund, end to end: start it, wait for its outcome, print the register's steps.
 
     pip install reversible-sagas     # the client alone
-    SAGA_AMQP_URL=amqp://guest:guest@127.0.0.1:5672/ python agent.py A-300
+    SAGA_AMQP_URL=amqp://saga-agent:PASSWORD@127.0.0.1:5672/ python agent.py A-300
 
 tests/packaging runs this file, from a virtualenv holding only the client, against a stack.
 """

@@ -114,8 +114,9 @@ class OneLine(logging.Filter):
 
 class BrokerLines(logging.Filter):
     """The AMQP libraries' lines, one per event. A lost or refused connection is one line per
-    retry: aio-pika's "Reconnecting after", with aiormq's error of that try folded into it (the
-    error's own line dropped). A channel or connection the libraries recover logs its message
+    retry: aio-pika's "Reconnecting after", with the last connection error aiormq reported
+    folded into it (the error's own line dropped; with several connections to one broker, it is
+    the same error). A channel or connection the libraries recover logs its message
     and error on one line, the traceback only at DEBUG. While the process waits for the broker
     at its start (``waiting``), its own line says so and theirs are dropped."""
 

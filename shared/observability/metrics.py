@@ -8,6 +8,7 @@ queue, the outbox) are read by the coordinator process every ``SAGA_METRICS_POLL
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -96,6 +97,22 @@ def export_database_gauges(registry: CollectorRegistry = REGISTRY) -> None:
     for gauge in DATABASE_GAUGES:
         with contextlib.suppress(ValueError):  # registered already
             registry.register(gauge)
+
+
+# Set by the process's event loop itself (``heartbeat``): /metrics is served by a thread, which
+# answers even while the loop is frozen; this says when the loop last ran. The health check
+# (saga_app.health) reads it.
+HEARTBEAT = Gauge(
+    "saga_heartbeat_timestamp_seconds", "When this process's event loop last ran (Unix time)"
+)
+HEARTBEAT_EVERY_S = 5.0
+
+
+async def heartbeat(every_s: float = HEARTBEAT_EVERY_S) -> None:
+    """Until cancelled: the time, every ``every_s``, from the event loop."""
+    while True:
+        HEARTBEAT.set_to_current_time()
+        await asyncio.sleep(every_s)
 
 
 def serve(bind: str) -> bool:

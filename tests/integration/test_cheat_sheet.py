@@ -16,7 +16,7 @@ import pytest
 from saga_app.stack import Stack
 from saga_shared.config import Settings
 from tests.integration.helpers import saga_env, terminal
-from tests.integration.test_payments_http import free_port
+from tests.ports import free_port
 
 PAGE = Path(__file__).resolve().parents[2] / "docs/tutorials/first-saga.md"
 START = "```sh\n. .venv/bin/activate; export SAGA_SECRETS_DIR"

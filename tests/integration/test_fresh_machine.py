@@ -20,7 +20,7 @@ import asyncpg
 import pytest
 
 from tests.conftest import AMQP_URL, DATABASE_SERVER
-from tests.integration.test_payments_http import free_port
+from tests.ports import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "services.sh"
 

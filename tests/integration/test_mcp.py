@@ -17,6 +17,7 @@ from saga_app.stack import Stack
 from saga_shared.config import Settings
 from tests.integration.helpers import REFUND, saga_env
 from tests.integration.test_gates_and_abort import CHECKOUT
+from tests.ports import free_port
 
 TOOLS = {
     "list_actions", "list_sagas", "check_plan", "start_saga", "get_saga", "wait_for_saga",
@@ -115,13 +116,6 @@ async def test_a_gated_checkout_stops_and_stays_stopped(
         assert again["status"] == "awaiting_approval"  # nobody approved: the agent cannot
         emails = list(again["report"]["never_happened"])
         assert any("email.send_confirmation" in str(s) for s in emails)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def test_streamable_http_serves_the_same_tools(stack: Stack, settings: Settings) -> None:

@@ -20,8 +20,8 @@ from saga_shared.client import SagaClient
 from saga_shared.config import Settings
 from saga_shared.observability import metrics
 from tests.integration.helpers import saga_env
-from tests.integration.test_payments_http import free_port
 from tests.integration.test_sagas import REFUND
+from tests.ports import free_port
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

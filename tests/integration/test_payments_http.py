@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,13 +27,7 @@ from saga_shared.model.messages import ActionDone, ActionFailed, ActionRequest
 from saga_shared.transport.bus import Bus
 from tests.integration.helpers import remove_namespace, saga_env
 from tests.integration.test_sagas import CHECKOUT
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.ports import free_port
 
 
 @pytest.fixture

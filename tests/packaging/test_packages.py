@@ -40,26 +40,25 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def virtualenv(dist: Path, where: Path, extra: str = "") -> Path:
+    """A fresh virtualenv in ``where`` with the built wheel (and ``extra``) installed."""
+    run(sys.executable, "-m", "venv", where)
+    [wheel] = dist.glob("*.whl")
+    pip = (where / "bin/python", "-m", "pip", "--disable-pip-version-check")
+    run(*pip, "install", "--quiet", f"{wheel}{extra}")
+    return where
+
+
 @pytest.fixture(scope="module")
 def slim(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtualenv with the bare wheel installed, and nothing else of ours."""
-    venv = tmp_path_factory.mktemp("slim")
-    run(sys.executable, "-m", "venv", venv)
-    [wheel] = dist.glob("*.whl")
-    pip = (venv / "bin/python", "-m", "pip", "--disable-pip-version-check")
-    run(*pip, "install", "--quiet", wheel)
-    return venv
+    """The bare wheel installed, and nothing else of ours."""
+    return virtualenv(dist, tmp_path_factory.mktemp("slim"))
 
 
 @pytest.fixture(scope="module")
 def full(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtualenv with the wheel and its server extra."""
-    venv = tmp_path_factory.mktemp("full")
-    run(sys.executable, "-m", "venv", venv)
-    [wheel] = dist.glob("*.whl")
-    pip = (venv / "bin/python", "-m", "pip", "--disable-pip-version-check")
-    run(*pip, "install", "--quiet", f"{wheel}[server]")
-    return venv
+    """The wheel and its server extra."""
+    return virtualenv(dist, tmp_path_factory.mktemp("full"), "[server]")
 
 
 USERS_APP = """

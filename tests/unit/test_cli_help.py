@@ -66,7 +66,10 @@ def test_a_bad_value_from_a_variable_is_one_line_naming_the_variable() -> None:
     said = CliRunner().invoke(main, ["mcp"], env={"SAGA_MCP_TRANSPORT": "carrier-pigeon"})
     assert said.exit_code == 1
     assert said.output.startswith("Error: SAGA_MCP_TRANSPORT='carrier-pigeon': ")
+    said = CliRunner().invoke(main, ["list"], env={"SAGA_PARTITIONS": "9" * 10_000})
+    assert said.exit_code == 1 and len(said.output) < 200  # the value is not echoed whole
     said = CliRunner().invoke(main, ["--partitions", "x", "list"])
+
     assert said.exit_code == 2 and "Invalid value for '--partitions'" in said.output
 
 
