@@ -373,7 +373,8 @@ def _start_not_answered(order_id: str, seconds: float, exc: NotAnswered) -> str:
     if exc.queued:
         return (
             f"not answered within {seconds:g} s, but the start is queued: {sent} and "
-            "RabbitMQ holds it. It will run when the stack (the coordinator) is back. Follow it "
+            "RabbitMQ holds it. It will run when the stack (the coordinator) is back, unless "
+            "the coordinator refuses it (then it says why). Follow it "
             f"with `saga show {sid}`, or run {again}, which is safe: it starts once."
         )
     return (

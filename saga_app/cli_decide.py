@@ -93,8 +93,9 @@ def _decision_not_answered(name: str, seconds: float, exc: NotAnswered) -> str:
     if exc.queued:
         return (
             f"not answered within {seconds:g} s, but the {name} of saga {sid} is queued: "
-            f"{sent} and RabbitMQ took it. It will be applied when the coordinator runs{held}; "
-            f"follow it with `saga show {sid}`."
+            f"{sent} and RabbitMQ took it. It will be applied when the coordinator runs{held}, "
+            f"unless the coordinator refuses it (then it says why); follow it with "
+            f"`saga show {sid}`."
         )
     return (
         f"not answered within {seconds:g} s, and RabbitMQ did not confirm the {name} of "

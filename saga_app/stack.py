@@ -13,6 +13,7 @@ import asyncpg
 
 from saga_app.console.runner import ConsoleRunner
 from saga_app.console.settings import ConsoleSettings
+from saga_app.entry import version
 from saga_coordinator.coordinator import Coordinator
 from saga_coordinator.dead_letters import DeadLetterIngester
 from saga_coordinator.desk import DeadLetterDesk
@@ -31,6 +32,7 @@ from saga_shared.errors import ConfigError
 from saga_shared.model.catalog import Catalog
 from saga_shared.model.gateway import load_catalog
 from saga_shared.security.identity import Component, Directory, check_connects_as, database_url_for
+from saga_shared.storage.presence import Kind, Presence
 from saga_shared.storage.sql import create_pool
 from saga_shared.transport.bus import Bus
 
@@ -157,6 +159,9 @@ class Stack:
                 db_retry_s=self.settings.db_retry_s,
             )  # fmt: skip
             runners.append((component, adapter.run()))
+            queues = [bus.topology.action_queue(service.name)]
+            runners.append((f"{component}-heartbeat", self._beats(pool, "adapter", service.name,
+                                                                 queues)))  # fmt: skip
         if "payments-api" in self.components:
             runners.append(("payments-api", await self._payments_api()))
         if self.console_runner is not None:
@@ -166,6 +171,13 @@ class Stack:
             log.warning("SAGA_IDENTITY=shared: one broker account for everything; senders are "
                         "not verified (a development setting)")  # fmt: skip
         log.info("started %s", ", ".join(self.components))
+
+    def _beats(
+        self, pool: asyncpg.Pool, kind: Kind, name: str, queues: list[str]
+    ) -> Coroutine[Any, Any, None]:
+        presence = Presence(pool, self.settings.namespace, kind, name, queues, version(),
+                            self.settings.heartbeat_s)  # fmt: skip
+        return presence.run()
 
     async def _payments_api(self) -> Coroutine[Any, Any, None]:
         """The HTTP payments API (an external system in the demo): its socket bound now, so a
@@ -199,6 +211,12 @@ class Stack:
         desk = DeadLetterDesk(store, self.coordinator.processor)
         url = database_url_for(self.settings, "coordinator")
         self._relay = Relay(self.settings, pool, bus, url)
+        topology = bus.topology
+        coordinator_queues = [
+            topology.intake_queue,
+            topology.dead_letter_queue,
+            *(topology.partition_queue(i) for i in range(topology.partitions)),
+        ]
         return [
             ("intake", Intake(self.settings, self.catalog, bus, store, desk).run()),
             ("coordinator", self.coordinator.run()),
@@ -210,7 +228,16 @@ class Stack:
                 ).run(),
             ),
             ("deadlines", DeadlineTimer(self.settings, store, bus.topology).run()),
-            ("gauges", keep_gauges(pool, self.settings.metrics_poll_s)),
+            (
+                "gauges",
+                keep_gauges(
+                    pool,
+                    self.settings.metrics_poll_s,
+                    self.settings.namespace,
+                    self.settings.heartbeat_s,
+                ),
+            ),
+            ("heartbeat", self._beats(pool, "coordinator", "coordinator", coordinator_queues)),
         ]
 
     @staticmethod

@@ -72,7 +72,14 @@ class Gatekeeper:
         routed to, if it came that way. Raises ``Forged`` for a sender that may send no command
         at all."""
         user = await self.sender(delivery)
-        role = trust.command_sender(self.directory, user)
+        try:
+            role = trust.command_sender(self.directory, user)
+        except trust.Forged as exc:
+            # The broker vouched for who sent it (user_id): they hear why, as for any refusal,
+            # instead of waiting for an answer that never comes; it is still dead-lettered.
+            if user is not None:
+                await self._reply_refused(delivery, exc.reason)
+            raise
         assert user is not None  # command_sender refuses a missing user
         replayed = user != delivery.user_id  # an operator's replay: not the agent's traffic
         # The body's ids (a second JSON parse) are read only for a refusal: an accepted
@@ -165,6 +172,10 @@ class Gatekeeper:
             ident, sender=user, rule=rule, reason=reason, body=delivery.body,
             keep_bytes=self.settings.max_message_bytes,
         )  # fmt: skip
+        await self._reply_refused(delivery, reason)
+
+    async def _reply_refused(self, delivery: AbstractIncomingMessage, reason: str) -> None:
+        ident = identify_incoming(delivery)
         ids = peek(delivery.body)
         reply_to = ids["reply_to"]
         if reply_to is None or reply_to.startswith(f"{self.settings.namespace}."):

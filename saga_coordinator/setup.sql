@@ -42,7 +42,7 @@ FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 WHERE n.nspname = 'public' AND pg_get_userbyid(p.proowner) <> $1;
 
 -- name: grant_roles
-SELECT saga_grant_roles($1), saga_grant_replies($1);
+SELECT saga_grant_roles($1), saga_grant_replies($1), saga_grant_presences($1);
 
 -- name: service_grants
 -- A service of one's own: its own rows of the key record, its failed attempts, kept for the
@@ -50,6 +50,8 @@ SELECT saga_grant_roles($1), saga_grant_replies($1);
 SELECT format('SELECT saga_grant_keys(%L, %L)', $1::text, $2::text)
 UNION ALL
 SELECT format('GRANT SELECT, INSERT, UPDATE ON delivery_failures TO %I', $1::text)
+UNION ALL
+SELECT format('SELECT saga_grant_presence(%L, %L, %L)', $1::text, 'adapter', $2::text)
 UNION ALL
 SELECT format('GRANT SELECT ON schema_migrations TO %I', $1::text)
 UNION ALL

@@ -4,6 +4,7 @@ signed in (``SagaClient.on_behalf_of``), so the register records who, never a fo
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -75,6 +76,34 @@ async def decide(
     except TimeoutError:
         raise ActionRefused("no answer from the coordinator: is it running?") from None
     return Done(f"{decision}: sent for saga {saga_id}, accepted by the coordinator")
+
+
+async def abort_many(
+    client: SagaClient, person: str, sagas: list[tuple[str, str]], reason: str, batch: str
+) -> Done:
+    """Abort each of ``sagas`` (saga ID, order ID) for ``person``. Each abort's message ID is
+    the confirmation's ``batch`` and the saga: the same confirmation sent twice is absorbed by
+    the coordinator, never a second abort."""
+    reason = checked_text("abort", reason)
+    you = client.on_behalf_of(person)
+    refused: list[str] = []
+
+    async def one(saga_id: str, order_id: str) -> None:
+        try:
+            await you.abort(saga_id, order_id=order_id, reason=reason,
+                            message_id=f"bulk-{batch}-{saga_id}")  # fmt: skip
+        except CommandRejected as exc:
+            refused.append(f"{saga_id}: {exc.reason}")
+        except TimeoutError:
+            refused.append(f"{saga_id}: no answer from the coordinator")
+
+    for start in range(0, len(sagas), 32):  # a few in flight: the coordinator answers each
+        await asyncio.gather(*(one(s, o) for s, o in sagas[start : start + 32]))
+    done = len(sagas) - len(refused)
+    text = f"abort: {done} of {len(sagas)} accepted by the coordinator"
+    if refused:
+        text += f"; refused {len(refused)}: " + "; ".join(refused[:5])
+    return Done(text)
 
 
 async def replay(

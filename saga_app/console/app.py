@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,10 @@ from saga_app.console.web import (
 )
 from saga_shared.client import SagaClient
 from saga_shared.model.catalog import Catalog
+from saga_shared.security.identity import Directory
 from saga_shared.security.ratelimit import TokenBuckets
+from saga_shared.security.trust import is_person
+from saga_shared.transport.bus import QueueDepth
 
 log = logging.getLogger(__name__)
 _MAX_FORM_BYTES = 64 * 1024
@@ -48,11 +52,31 @@ class Console:
     accounts: Accounts
     hub: Hub
     client: SagaClient | None
-    # The deployment's people (SAGA_PEOPLE): only they are offered to settle a step in doubt.
-    people: frozenset[str] = frozenset()
+    # Who the coordinator takes for a person (SAGA_PEOPLE): only they are offered what only a
+    # person may decide. None: nobody is.
+    directory: Directory | None = None
     # A few sign-in attempts a minute per name and per address: scrypt makes each one slow,
     # this makes guessing slower still.
     sign_ins: TokenBuckets = field(default_factory=lambda: TokenBuckets(5 / 60, 10))
+    # A process that has not beat for this long is shown as silent (three heartbeats).
+    silent_after_s: float = 15.0
+    # A dead letter's trace in the team's trace UI: a URL with {trace_id} (SAGA_CONSOLE_TRACE_URL).
+    trace_url: str = ""
+    _depths: tuple[float, dict[str, QueueDepth | None]] = (0.0, {})
+
+    def is_person(self, name: str) -> bool:
+        return self.directory is not None and is_person(self.directory, name)
+
+    async def depths(self) -> dict[str, QueueDepth | None]:
+        """The queues' depths, asked of the broker at most every 2 s however many pages
+        are open (each ask is a channel per queue)."""
+        if self.client is None:
+            return {}
+        at, known = self._depths
+        if time.monotonic() - at > 2.0:
+            known = await self.client.bus.depths()
+            self._depths = (time.monotonic(), known)
+        return known
 
 
 Page = Callable[[Console, Request, Account], Awaitable[Response]]
@@ -160,6 +184,7 @@ def create_app(
             "dead_letter",
             "rejections",
             "catalog",
+            "health",
         )
     }
     routes = [
@@ -168,6 +193,7 @@ def create_app(
         Route("/login", _public_form(console, operations.login), methods=["POST"]),
         Route("/logout", _public_form(console, operations.logout), methods=["POST"]),
         Route("/sagas", p["sagas"]),
+        Route("/sagas/abort-all", _action(console, operations.abort_all), methods=["POST"]),
         Route("/sagas/{saga_id}", p["saga"]),
         Route("/sagas/{saga_id}/report.md", p["saga_report"]),
         Route("/sagas/{saga_id}/{decision}", _action(console, operations.decide), methods=["POST"]),
@@ -180,6 +206,7 @@ def create_app(
         ),
         Route("/rejections", p["rejections"]),
         Route("/catalog", p["catalog"]),
+        Route("/health", p["health"]),
         Route("/events", events),
         Mount("/static", StaticFiles(directory=Path(__file__).with_name("static")), name="static"),
     ]

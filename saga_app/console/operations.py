@@ -5,14 +5,19 @@ to confirm first, on a page of its own (so it works without JavaScript too)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import re
+import secrets
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from saga_app.console import actions
 from saga_app.console.accounts import Account
-from saga_app.console.reads import letter_number, well_formed
+from saga_app.console.reads import BadFilter, SagaFilter, letter_number, well_formed
 from saga_app.console.web import current, flash, local_path, render
 from saga_coordinator.desk import DeadLetterNotFound
 
@@ -125,6 +130,53 @@ def _consequence(decision: str) -> str:
     }.get(decision, "")
 
 
+BULK_MOST = 500  # sagas one bulk abort may stop: more is a filter to narrow, not a click
+
+
+def fingerprint(items: Sequence[object]) -> str:
+    """What a person confirmed, in 16 characters: acted upon only if the list is still it."""
+    return hashlib.sha256(repr(sorted(map(str, items))).encode()).hexdigest()[:16]
+
+
+def _unchanged(form: Any, items: Sequence[object], what: str) -> None:
+    if form.get("expected") != fingerprint(items):
+        raise actions.ActionRefused(
+            f"the {what} changed since you confirmed ({len(items)} now): look again"
+        )
+
+
+async def abort_all(console: Console, request: Request, account: Account, form: Any) -> Response:
+    """Abort every saga of a filtered list that can be stopped, once a person confirmed how
+    many; refused when the list changed in between (what they saw is what is acted on)."""
+    query = {k: str(form.get(k, ""))[:200] for k in ("status", "saga", "order", "since", "until")}
+    back = "/sagas?" + urlencode({k: v for k, v in query.items() if v})
+    reason = str(form.get("reason", ""))
+    try:
+        wanted = SagaFilter.parse(query)
+        actions.checked_text("abort", reason)
+        sagas = await console.reads.abortable(wanted, BULK_MOST + 1)
+        if not sagas:
+            raise actions.ActionRefused("no saga of this list is running, waiting or awaiting "
+                                        "approval: nothing to abort")  # fmt: skip
+        if len(sagas) > BULK_MOST:
+            raise actions.ActionRefused(f"over {BULK_MOST} sagas match: narrow the filter")
+        if not _confirmed(form):
+            batch = secrets.token_hex(8)
+            return _confirm(
+                request, account, {**form, "expected": fingerprint(sagas), "batch": batch},
+                f"Abort {len(sagas)} saga(s)?", _consequence("abort"),
+            )  # fmt: skip
+        _unchanged(form, sagas, "sagas of this list")
+        batch = str(form.get("batch", ""))
+        if not re.fullmatch(r"[0-9a-f]{16}", batch):
+            raise actions.ActionRefused("not a confirmation of this console: look again")
+        done = await actions.abort_many(_client(console), account.name, sagas, reason, batch)
+        flash(request, done.message)
+    except (actions.ActionRefused, BadFilter) as exc:
+        flash(request, str(exc), "error")
+    return RedirectResponse(back, status_code=303)
+
+
 async def replay(console: Console, request: Request, account: Account, form: Any) -> Response:
     note = str(form.get("note", ""))[:2000]
     dl_id, order, reason = (str(form.get(k, "")) for k in ("id", "order", "reason"))
@@ -137,16 +189,25 @@ async def replay(console: Console, request: Request, account: Account, form: Any
                 _client(console), account.name, dead_letter_id=number, note=note
             )
         elif order or reason:
+            if (order and not well_formed(order)) or len(reason) > 200 or not reason.isprintable():
+                raise actions.ActionRefused(
+                    "not a replay this console can send: an order is an ID, a reason up to "
+                    "200 printable characters"
+                )
+            ids = await console.reads.dead_ids(order or None, None if order else reason)
+            if not ids:
+                raise actions.ActionRefused("nothing to replay: no dead letter left there")
             if not _confirmed(form):
                 what = f"order {order}" if order else f"reason {reason}"
                 return _confirm(
                     request,
                     account,
-                    form,
-                    f"Replay every dead letter of {what}?",
+                    {**form, "expected": fingerprint(ids)},
+                    f"Replay {len(ids)} dead letter(s) of {what}?",
                     "Each is republished to where it was first headed, in its "
                     "order's arrival order.",
                 )
+            _unchanged(form, ids, "dead letters")
             done = await actions.replay(
                 _client(console), account.name, order_id=order or None,
                 death_reason=None if order else reason, note=note,

@@ -9,6 +9,7 @@ from starlette.responses import Response
 
 from saga_app.console.accounts import Account
 from saga_app.console.actions import DECISIONS
+from saga_app.console.health import health as health_of
 from saga_app.console.reads import (
     PAGE,
     STATUSES,
@@ -21,8 +22,10 @@ from saga_app.console.reads import (
     well_formed,
 )
 from saga_app.console.web import render
+from saga_coordinator import authority
 from saga_coordinator.desk import DeadLetterNotFound
 from saga_coordinator.register import SagaState
+from saga_shared.model.messages import Sender
 
 if TYPE_CHECKING:
     from saga_app.console.app import Console
@@ -39,13 +42,35 @@ AVAILABLE: dict[str, tuple[str, ...]] = {
 IN_DOUBT = ("happened", "did_not_happen", "resume", "resolve")
 
 
-def available(state: SagaState, account: Account, people: frozenset[str]) -> tuple[str, ...]:
-    """The decisions to offer; settling a step in doubt only to a person of the deployment
-    (``SAGA_PEOPLE``), who is the one the coordinator believes about it."""
+# The command each decision sends: what the coordinator's authority rules are about.
+_COMMAND = {
+    "approve": "saga.approve", "reject": "saga.reject", "abort": "saga.abort",
+    "resume": "saga.resume", "resolve": "saga.resolve",
+    "happened": "saga.settle", "did_not_happen": "saga.settle",
+}  # fmt: skip
+
+
+def available(state: SagaState, account: Account, person: bool) -> tuple[str, ...]:
+    """The decisions to offer: those the saga's status allows that the coordinator would take
+    from this account (``saga_coordinator.authority``, the one place that decides). The
+    console vouches for a person (``Console.is_person``) as a person, for anyone else as an
+    operator: an operator is not offered to resolve, to settle a step in doubt, or
+    to decide at a gate that needs a person."""
     waiting = any(s.status == "in_doubt" and not s.settling for s in state.steps)
-    if state.status == "needs_human" and waiting:
-        return IN_DOUBT if account.name in people else IN_DOUBT[2:]
-    return AVAILABLE.get(state.status, ())
+    offered = (
+        IN_DOUBT if state.status == "needs_human" and waiting else AVAILABLE.get(state.status, ())
+    )
+    sender = Sender(user=account.name, role="person" if person else "ops")
+    gate = next((s.gate for s in state.steps if s.gate_status == "waiting" and s.gate), None)
+
+    def allowed(decision: str) -> bool:
+        if authority.may_act(state, _COMMAND[decision], sender) is not None:
+            return False
+        if decision in ("approve", "reject") and gate is not None:
+            return authority.may_decide_gate(gate.require_person, sender) is None
+        return True
+
+    return tuple(d for d in offered if allowed(d))
 
 
 def _query(request: Request) -> dict[str, str]:
@@ -103,8 +128,9 @@ async def saga(console: Console, request: Request, account: Account) -> Response
         history=found["history"],
         blocks=found["blocks"],
         parked=found["parked"],
+        deadline=found["deadline"],
         decisions=DECISIONS,
-        available=available(state, account, console.people),
+        available=available(state, account, console.is_person(account.name)),
     )
 
 
@@ -151,6 +177,7 @@ async def dead_letters(console: Console, request: Request, account: Account) -> 
         status=400 if error else 200,
         by_reason=groups["by_reason"],
         by_order=groups["by_order"],
+        by_error=groups["by_error"],
         blocked=groups["blocked"],
     )
 
@@ -167,7 +194,7 @@ async def dead_letter(console: Console, request: Request, account: Account) -> R
             title="No such dead letter",
             message="There is no dead letter with that number.",
         )
-    return render(request, "dead_letter.html", account, d=found)
+    return render(request, "dead_letter.html", account, d=found, trace_url=console.trace_url)
 
 
 async def rejections(console: Console, request: Request, account: Account) -> Response:
@@ -189,3 +216,11 @@ async def rejections(console: Console, request: Request, account: Account) -> Re
 
 async def catalog(console: Console, request: Request, account: Account) -> Response:
     return render(request, "catalog.html", account, catalog=console.catalog)
+
+
+async def health(console: Console, request: Request, account: Account) -> Response:
+    rows = await console.reads.processes()
+    depths = await console.depths()
+    figures = health_of(rows, depths, console.reads.topology, console.silent_after_s)
+    template = "_health.html" if request.query_params.get("fragment") == "1" else "health.html"
+    return render(request, template, account, h=figures, broker=console.client is not None)

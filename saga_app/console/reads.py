@@ -28,6 +28,8 @@ Q = Queries(Path(__file__).with_name("views.sql"))
 STATUSES: tuple[str, ...] = get_args(SagaStatus)
 PAGE = 50
 _ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
+# W3C trace context: version, trace id, parent span id, flags; the trace id is what a UI finds.
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
 def well_formed(value: str) -> bool:
@@ -119,6 +121,7 @@ def cursor_of(row: dict[str, Any]) -> str:
 class ConsoleReads:
     def __init__(self, pool: asyncpg.Pool, catalog: Catalog, topology: Topology) -> None:
         self.pool = pool
+        self.topology = topology
         self.store = Store(pool)
         self.desk = DeadLetterDesk(self.store, Processor(catalog, topology))
 
@@ -137,6 +140,15 @@ class ConsoleReads:
         )
         return [dict(r) for r in rows]
 
+    async def abortable(self, f: SagaFilter, limit: int) -> list[tuple[str, str]]:
+        rows = await self.pool.fetch(
+            Q.abortable, f.status, f.saga, f.order_id, f.since, f.until, limit
+        )
+        return [(r["saga_id"], r["order_id"]) for r in rows]
+
+    async def dead_ids(self, order_id: str | None, reason: str | None) -> list[int]:
+        return [r["id"] for r in await self.pool.fetch(Q.dead_ids, order_id, reason)]
+
     async def counts(self) -> dict[str, int]:
         found = {r["status"]: r["n"] for r in await self.pool.fetch(Q.status_counts)}
         return {s: found.get(s, 0) for s in STATUSES}
@@ -152,6 +164,7 @@ class ConsoleReads:
             "history": await self.store.history(saga_id),
             "blocks": await self.store.blocks(state.order_id),
             "parked": await self.store.parked(state.order_id),
+            "deadline": await self.pool.fetchrow(Q.deadline_of, saga_id),
         }
 
     async def people(self, limit: int = 200) -> list[tuple[SagaState, datetime]]:
@@ -162,6 +175,7 @@ class ConsoleReads:
         return {
             "by_reason": [dict(r) for r in await self.pool.fetch(Q.dead_by_reason)],
             "by_order": [dict(r) for r in await self.pool.fetch(Q.dead_by_order, 200)],
+            "by_error": [dict(r) for r in await self.pool.fetch(Q.dead_by_error)],
             "blocked": await self.store.blocked_orders(200),
         }
 
@@ -180,8 +194,14 @@ class ConsoleReads:
             found["body"] = json.dumps(json.loads(body), indent=2, ensure_ascii=True)
         except (ValueError, UnicodeDecodeError, RecursionError):
             found["body"] = clean(body.decode("utf-8", "replace"), 20_000)
+        parent = (found["headers"] or {}).get("traceparent")
+        trace = _TRACEPARENT.match(parent) if isinstance(parent, str) else None
+        found["trace_id"] = trace.group(1) if trace and set(trace.group(1)) != {"0"} else None
         found["headers"] = json.dumps(found["headers"], indent=2, ensure_ascii=True, default=str)
         return found
+
+    async def processes(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in await self.pool.fetch(Q.processes, self.topology.namespace)]
 
     async def rejections(self, order_id: str | None) -> list[dict[str, Any]]:
         return await self.store.rejections(order_id, 200)

@@ -14,6 +14,7 @@ from saga_app.console.app import Console, create_app
 from saga_app.console.live import Hub, follow_events
 from saga_app.console.reads import ConsoleReads
 from saga_app.console.settings import ConsoleSettings
+from saga_coordinator.gauges import SILENT_AFTER_BEATS
 from saga_shared import http_server
 from saga_shared.client import SagaClient
 from saga_shared.model.catalog import Catalog
@@ -53,8 +54,12 @@ class ConsoleRunner:
         hub = Hub()
         async with SagaClient(bus) as client:
             reads = ConsoleReads(pool, self.catalog, bus.topology)
-            people = Directory.from_settings(bus.settings).people
-            console = Console(self.catalog, reads, self.accounts, hub, client, people)
+            console = Console(
+                self.catalog, reads, self.accounts, hub, client,
+                Directory.from_settings(bus.settings),
+                silent_after_s=bus.settings.heartbeat_s * SILENT_AFTER_BEATS,
+                trace_url=self.config.trace_url,
+            )  # fmt: skip
             secret = self.config.secret.get_secret_value() or None
             app = create_app(
                 console,

@@ -20,6 +20,11 @@ class ConsoleSettings(BaseSettings):
     # Send the session cookie over HTTPS only: set it when a TLS proxy stands in front.
     secure_cookie: bool = False
     session_hours: float = Field(default=8.0, gt=0, le=24 * 30)
+    # A dead letter links to its trace in your trace UI: a URL with {trace_id} in it, e.g.
+    # https://jaeger.example.com/trace/{trace_id} (empty: no link).
+    trace_url: str = Field(
+        default="", max_length=500, pattern=r"^(|https?://[^\s]*\{trace_id\}[^\s]*)$"
+    )
 
     @classmethod
     def from_env(cls) -> ConsoleSettings:

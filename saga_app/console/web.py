@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -23,6 +25,27 @@ TEMPLATES = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
+
+
+def when(moment: datetime | str | None, ms: bool = False) -> Markup:
+    """A moment in UTC, said so, with its exact value for the page's script to show it in the
+    reader's own time zone (the UTC stays in the title): nobody has to guess which zone. A
+    moment kept as text (in a JSON history) is read first; text that is no moment is shown."""
+    if isinstance(moment, str):
+        try:
+            moment = datetime.fromisoformat(moment)
+        except ValueError:
+            return Markup("{0}").format(moment)
+    if moment is None:
+        return Markup("")
+    utc = moment.astimezone(UTC)
+    text = utc.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] if ms else utc.strftime("%Y-%m-%d %H:%M:%S")
+    return Markup('<time datetime="{0}" title="{1} UTC">{1} UTC</time>').format(
+        utc.isoformat(timespec="milliseconds"), text
+    )
+
+
+TEMPLATES.filters["when"] = when
 # No inline script or style anywhere: a value that slipped past escaping still cannot run.
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; "

@@ -91,7 +91,8 @@ class NotAnswered(SagaError, TimeoutError):
             return (
                 f"no answer to {what} within {within} s, but it is queued: it was "
                 f"{sent} and RabbitMQ confirmed it holds it, so it will be applied when the "
-                f"coordinator runs. Sending it again with {again} is safe: it is applied once"
+                f"coordinator runs, unless the coordinator refuses it (then it answers why). "
+                f"Sending it again with {again} is safe: it is applied once"
             )
         return (
             f"no answer to {what} within {within} s, and RabbitMQ did not confirm it: "

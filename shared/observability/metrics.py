@@ -49,6 +49,9 @@ DEAD_LETTER_REASONS = (
     "delivery_limit", "rejected", "expired", "maxlen",
     "forged", "invalid", "unroutable", "unstorable",
 )  # fmt: skip
+DELIVERIES = Counter(
+    "saga_queue_deliveries", "Messages this process's consumers received, by queue", ["queue"]
+)
 CONSUMER_RESTARTS = Counter(
     "saga_consumer_restarts", "Consumers subscribed again after the broker dropped them", ["queue"]
 )
@@ -88,8 +91,17 @@ OUTBOX_DEPTH = Gauge("saga_outbox_depth", "Committed messages not yet published"
 OUTBOX_LAG = Gauge(
     "saga_outbox_lag_seconds", "Age of the oldest unpublished message", registry=None
 )
+# Each component's processes by state (alive, silent), from their heartbeats
+# (saga_shared.storage.presence): a component with none alive is down (SagaComponentDown).
+PROCESSES = Gauge(
+    "saga_processes",
+    "Coordinator and adapter processes by component and state (alive: beat within three "
+    "heartbeats; silent: not since)",
+    ["kind", "name", "state"],
+    registry=None,
+)
 DATABASE_GAUGES = (ORDERS_BLOCKED, SAGAS_WAITING, PEOPLE_QUEUE, PEOPLE_OLDEST, OUTBOX_DEPTH,
-                   OUTBOX_LAG)  # fmt: skip
+                   OUTBOX_LAG, PROCESSES)  # fmt: skip
 
 
 def export_database_gauges(registry: CollectorRegistry = REGISTRY) -> None:

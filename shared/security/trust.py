@@ -74,8 +74,13 @@ def acting_sender(
     person = header_text(named, 80)
     if person is None or not _PERSON.match(person):
         raise PlanRejected("not_permitted", f"{ON_BEHALF_HEADER}: not a user name")
-    is_person = not directory.verifies or person in directory.people
-    return Sender(user=person, role="person" if is_person else "ops", via=user)
+    return Sender(user=person, role="person" if is_person(directory, person) else "ops", via=user)
+
+
+def is_person(directory: Directory, name: str) -> bool:
+    """Whether someone the console signed in has a person's rights: one named in
+    ``SAGA_PEOPLE``; anyone in ``shared`` mode, which verifies nobody."""
+    return not directory.verifies or name in directory.people
 
 
 def partition_message(directory: Directory, message: PartitionMessage, user: str | None) -> None:

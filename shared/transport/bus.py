@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import aio_pika
@@ -103,6 +104,24 @@ class Bus:
             await self.topology.declare(channel)
         finally:
             await channel.close()
+
+    async def depths(self) -> dict[str, QueueDepth | None]:
+        """Each queue of the topology's messages ready and consumers, by a passive declare
+        (which needs no permission); None for a queue that does not exist (or did not
+        answer): the broker closes the channel then, so each gets a channel of its own."""
+        found: dict[str, QueueDepth | None] = {}
+        for name in self.topology.all_queues():
+            channel = await self.connection.channel()
+            try:
+                queue = await channel.declare_queue(name, passive=True, timeout=5)
+                ok = queue.declaration_result
+                found[name] = QueueDepth(ok.message_count or 0, ok.consumer_count or 0)
+            except (aio_pika.exceptions.AMQPError, ConnectionError, TimeoutError):
+                found[name] = None
+            finally:
+                if not channel.is_closed:
+                    await channel.close()
+        return found
 
     async def _channel(self) -> tuple[AbstractChannel, aiormq.Channel]:
         """The publishing channel, and aiormq's channel under it."""
@@ -249,6 +268,12 @@ class Bus:
     # Consume until cancelled: ``saga_shared.transport.consumer.consume``, with this bus as its
     # first argument.
     consume = consume
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    messages: int  # ready, not yet delivered
+    consumers: int
 
 
 def _is_a_publisher(bus: Bus) -> Publisher:

@@ -1,5 +1,7 @@
 """A robust AMQP connection to a RabbitMQ cluster: the first node that answers, and, whenever
-the node in use goes away, the others in turn (the next one first).
+the node in use goes away, the others in turn (the next one first). Where the walk starts
+differs from one connection to the next (``start_offset``), so that the processes of a
+deployment, all given the same URL, spread over the nodes instead of all using the first.
 
 aio-pika's ``RobustConnection`` reconnects to the one URL it was given; its reconnection loop
 calls one step per attempt (``__connect_transport``), which this class wraps to walk the nodes.
@@ -9,8 +11,11 @@ The step is private to aio-pika: ``pyproject.toml`` pins aio-pika below 11, and
 
 from __future__ import annotations
 
+import itertools
 import logging
-from typing import Any, ClassVar
+import os
+from collections.abc import Sequence
+from typing import Any, ClassVar, TypeVar
 
 import aio_pika
 from aio_pika.abc import AbstractRobustConnection
@@ -21,6 +26,30 @@ from yarl import URL
 from saga_shared.addresses import one_per_host
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# The connections this process has made: the next one starts a node further on.
+_made = itertools.count()
+
+
+def start_offset() -> int:
+    """Where a new connection starts walking the nodes: the process id, plus the connections
+    this process made before it.
+
+    Every process is given the same URL; had they all started at its first node, that node
+    would carry every connection and, under the ``client-local`` leader locator, lead every
+    queue they declared. The pid differs between the processes of one machine (and between a
+    parent and a child it forks, where a counter alone would be copied; on other machines it is
+    as good as random), and the count spreads one process's own connections. A test names the
+    start it wants instead: ``connect_cluster(start=...)``."""
+    return os.getpid() + next(_made)
+
+
+def in_turn(nodes: Sequence[T], start: int) -> list[T]:
+    """``nodes`` from the one at ``start`` (modulo their number) round to the one before it:
+    the order a connection starting there tries them in."""
+    first = start % len(nodes)
+    return [*nodes[first:], *nodes[:first]]
 
 
 class ClusterConnection(RobustConnection):
@@ -46,13 +75,17 @@ class ClusterConnection(RobustConnection):
         raise failed
 
 
-async def connect_cluster(url: str, **kwargs: Any) -> AbstractRobustConnection:
-    """``aio_pika.connect_robust`` for a URL naming one node or several."""
+async def connect_cluster(
+    url: str, *, start: int | None = None, **kwargs: Any
+) -> AbstractRobustConnection:
+    """``aio_pika.connect_robust`` for a URL naming one node or several; with several, the
+    node at ``start`` (default: ``start_offset()``) first, then the ones after it, round."""
     nodes = one_per_host(url)
     connection: AbstractRobustConnection
     if len(nodes) == 1:
         connection = await aio_pika.connect_robust(url, **kwargs)
     else:
+        nodes = in_turn(nodes, start_offset() if start is None else start)
         named = {"NODES": tuple(URL(n) for n in nodes)}
         cls = type("ClusterConnection", (ClusterConnection,), named)
         connection = await aio_pika.connect_robust(nodes[0], connection_class=cls, **kwargs)

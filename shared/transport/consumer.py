@@ -17,6 +17,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from saga_shared.observability import metrics
+from saga_shared.observability.flow import FLOW
 from saga_shared.transport.delivery import (
     Acks,
     BatchHandler,
@@ -99,6 +100,8 @@ async def consume(
         metrics.CONSUMER_RESTARTS.labels(queue_name).inc()
         log.warning("consumer of %s lost (%r); subscribing again", queue_name, exc)
 
+    # The series exists from the start, at 0: increase() then sees the first restart too.
+    metrics.CONSUMER_RESTARTS.labels(queue_name)
     # A lost connection or channel surfaces in many types: every one means subscribe again.
     resubscribing = AsyncRetrying(
         retry=retry_if_exception_type(Exception),
@@ -169,6 +172,7 @@ class _Subscription:
         return self.keep(asyncio.ensure_future(work))
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
+        FLOW.delivered(self.queue_name)
         if self.acks is None:
             self.unsettled.add(message)
         if self.mode == "sequential" or self.batch is not None:

@@ -26,10 +26,15 @@ from tests.chaos.instances import (
     _run_checked,
 )
 
+# As in deploy/compose/rabbitmq-cluster.conf: each quorum queue led, when it is declared, by
+# the node leading fewest. The default (client-local) puts every leader on the node of the
+# connection that declares it, which was the first node of the URL for all of them.
+CLUSTER_CONF = {"queue_leader_locator": "balanced"}
+
 
 class RabbitCluster(_Instance):
     def __init__(self, size: int = 3) -> None:
-        self.nodes = [DisposableRabbit() for _ in range(size)]
+        self.nodes = [DisposableRabbit(conf=CLUSTER_CONF) for _ in range(size)]
 
     def url(self, vhost: str = "") -> str:
         """Every node, as ``saga_shared.addresses`` reads it."""
@@ -64,6 +69,18 @@ class RabbitCluster(_Instance):
         led = Counter(n for q, n in (await self.leaders(vhost)).items() if q.startswith(prefix))
         name = led.most_common(1)[0][0]
         return next(n for n in self.nodes if n.name == name)
+
+    async def leaders_per_node(self, prefix: str, vhost: str = "/") -> dict[str, int]:
+        """How many queues whose name starts with ``prefix`` each node leads, in the nodes'
+        order; a node leading none is there with 0."""
+        led = Counter(n for q, n in (await self.leaders(vhost)).items() if q.startswith(prefix))
+        return {node.name: led[node.name] for node in self.nodes}
+
+    async def rebalance(self) -> str:
+        """``rabbitmq-queues rebalance quorum``, what docs/how-to/cluster.md has an operator run
+        once a node is back: RabbitMQ 3.10 leaves each leader where it moved."""
+        node = next(n for n in self.nodes if n.running)
+        return await node.ctl("rebalance", "quorum", tool="rabbitmq-queues")
 
     # --- what the chaos harness asks of a broker (``DisposableRabbit``'s interface) ----------
     namespace = "chaos"  # whose partition queues' leaders are the victims

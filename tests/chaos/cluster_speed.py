@@ -31,8 +31,9 @@ REFUND: dict[str, JsonValue] = {
 }
 
 
-async def measure(amqp_url: str, database_url: str, quorum: int, sagas: int, width: int) -> float:
-    namespace = f"sp{uuid.uuid4().hex[:6]}"
+async def measure(
+    amqp_url: str, database_url: str, namespace: str, quorum: int, sagas: int, width: int
+) -> float:
     settings = Settings(amqp_url=amqp_url, database_url=database_url, namespace=namespace,
                         quorum_size=quorum, identity="shared")  # fmt: skip
     async with (
@@ -53,6 +54,15 @@ async def measure(amqp_url: str, database_url: str, quorum: int, sagas: int, wid
         return sagas / (time.monotonic() - started)
 
 
+async def leaders_of(broker: DisposableRabbit | RabbitCluster, namespace: str) -> str:
+    """On the cluster, how many of the namespace's quorum queues each node leads: the share of
+    the work each node does depends on it."""
+    if not isinstance(broker, RabbitCluster):
+        return ""
+    led = await broker.leaders_per_node(f"{namespace}.")
+    return ", leaders per node " + "/".join(str(n) for n in led.values())
+
+
 async def main(sagas: int, width: int, rounds: int) -> None:
     single: list[float] = []
     cluster: list[float] = []
@@ -63,11 +73,13 @@ async def main(sagas: int, width: int, rounds: int) -> None:
                 url = pg.url(f"{database}_{side}")
                 await migrate(url)
                 broker = DisposableRabbit() if side == "single" else RabbitCluster()
+                namespace = f"sp{uuid.uuid4().hex[:6]}"
                 async with broker:
-                    rate = await measure(broker.url(), url, 3 if side == "cluster" else 0,
-                                         sagas, width)  # fmt: skip
+                    rate = await measure(broker.url(), url, namespace,
+                                         3 if side == "cluster" else 0, sagas, width)  # fmt: skip
+                    led = await leaders_of(broker, namespace)
                 results.append(rate)
-                print(f"round {r + 1} {side:7s} {rate:6.1f} sagas/s", flush=True)
+                print(f"round {r + 1} {side:7s} {rate:6.1f} sagas/s{led}", flush=True)
     one_node, three = sum(single) / len(single), sum(cluster) / len(cluster)
     print(f"single node {one_node:.1f} sagas/s, three-node cluster {three:.1f} sagas/s: "
           f"{three / one_node:.2f}x at concurrency {width}")  # fmt: skip

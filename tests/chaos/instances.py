@@ -385,8 +385,15 @@ class DisposableRabbit(_Instance):
     The data directory survives ``stop``/``crash``/``start``, so quorum queues and the messages
     they hold survive a restart as they would in production."""
 
-    def __init__(self, *, name: str | None = None, tls: TlsFiles | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        tls: TlsFiles | None = None,
+        conf: dict[str, str] | None = None,
+    ) -> None:
         self.tls = tls
+        self.conf = conf or {}  # rabbitmq.conf lines, after the listener's
         self.port = free_port()
         self.dist_port = free_port()  # Erlang distribution, between the cluster's nodes
         self.name = name or f"chaos{uuid.uuid4().hex[:10]}@{RABBIT_HOST}"
@@ -443,6 +450,7 @@ class DisposableRabbit(_Instance):
                 "ssl_options.fail_if_no_peer_cert = false",
                 "",
             ])  # fmt: skip
+        conf += "".join(f"{name} = {value}\n" for name, value in self.conf.items())
         (self.dir / "rabbitmq.conf").write_text(conf)
         _chown_tree(self.dir, "rabbitmq")
         _live[id(self)] = self
@@ -479,10 +487,11 @@ class DisposableRabbit(_Instance):
                 await connection.close()
                 return
 
-    async def ctl(self, *args: str) -> str:
-        """``rabbitmqctl -n <this node> ...``, as the broker's user (it holds the cookie)."""
+    async def ctl(self, *args: str, tool: str = "rabbitmqctl") -> str:
+        """``rabbitmqctl -n <this node> ...`` (or another of the CLI tools, such as
+        ``rabbitmq-queues``), as the broker's user (it holds the cookie)."""
         assert self.dir is not None
-        argv = ["rabbitmqctl", "-n", self.name, *args]
+        argv = [tool, "-n", self.name, *args]
         return await _run_checked(_as_user("rabbitmq", argv, self._env()), cwd=self.dir)
 
     def pid(self) -> int | None:

@@ -16,6 +16,9 @@ from saga_shared.model.catalog import Catalog
 from saga_shared.model.gateway import load_catalog
 from saga_shared.transport.bus import Bus
 from tests.conftest import AMQP_URL
+
+# The browser tests' fixtures (headless Chromium on a console over a stack).
+from tests.integration.browser import agent, browser, console_stack, page, role_console  # noqa: F401
 from tests.integration.deployment import Deployment
 from tests.integration.helpers import forget_outbox, remove_namespace
 from tests.integration.sabotage import Sabotage
@@ -56,8 +59,8 @@ async def stack(settings: Settings) -> AsyncIterator[Stack]:
 
 @pytest.fixture
 async def client(stack: Stack, settings: Settings) -> AsyncIterator[SagaClient]:
-    async with Bus(settings) as bus, SagaClient(bus, answer_within_s=20) as agent:
-        yield agent
+    async with Bus(settings) as bus, SagaClient(bus, answer_within_s=20) as connected:
+        yield connected
 
 
 @pytest.fixture(scope="session")

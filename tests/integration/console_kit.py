@@ -15,9 +15,15 @@ from saga_app.console.live import Hub
 from saga_app.console.reads import ConsoleReads
 from saga_app.stack import Stack
 from saga_shared.client import SagaClient
+from saga_shared.security.identity import Directory
 from saga_shared.transport.bus import Bus
 
-PASSWORDS = {"ana": "ana-long-password", "vic": "vic-long-password"}
+PASSWORDS = {
+    "ana": "ana-long-password", "vic": "vic-long-password",
+    # by role, for the accounts of the roles-mode console (tests/integration/browser.py)
+    "person": "a-person-long-password", "operator": "an-operator-long-password",
+    "viewer": "a-viewer-long-password",
+}  # fmt: skip
 _CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
@@ -34,7 +40,7 @@ async def console_http(stack: Stack, users: Path) -> AsyncIterator[httpx.AsyncCl
     async with Bus(stack.settings) as bus, SagaClient(bus, answer_within_s=20) as client:
         reads = ConsoleReads(stack.pool, stack.catalog, bus.topology)
         console = Console(stack.catalog, reads, Accounts.read(str(users)), Hub(), client,
-                          people=frozenset({"ana"}))  # fmt: skip
+                          Directory.from_settings(stack.settings.with_(people="ana")))  # fmt: skip
         transport = httpx.ASGITransport(app=create_app(console))
         async with httpx.AsyncClient(transport=transport, base_url="http://console.test") as http:
             yield http

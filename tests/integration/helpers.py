@@ -105,6 +105,8 @@ def saga_env(settings: Settings) -> dict[str, str]:
         "SAGA_SECRETS_DIR": settings.secrets_dir,
         "SAGA_USER_PREFIX": settings.user_prefix,
         "SAGA_PEOPLE": settings.people,
+        "SAGA_ACT_AS": settings.act_as,
+        "SAGA_HEARTBEAT_S": str(settings.heartbeat_s),
         "SAGA_LOG_LEVEL": "WARNING",
     }
 

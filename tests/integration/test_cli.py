@@ -157,7 +157,8 @@ async def test_operator_finds_understands_and_replays_a_dead_letter(
     finally:
         await pool.execute("ALTER TABLE sim_email_messages_gone RENAME TO sim_email_messages")
 
-    replayed = await saga_json(settings, "dlq", "replay", str(listed[0]["id"]),
+    # As the guide does it: the order's letters, through the CLI and the broker's routing.
+    replayed = await saga_json(settings, "dlq", "replay", "--order", order_id,
                                "--note", "table restored")  # fmt: skip
     assert replayed[0]["done"] is True
     a, b = await terminal(stack, first), await terminal(stack, later)

@@ -4,6 +4,7 @@ careless or hostile visitor types. Its operations are the CLI's commands, for th
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -234,11 +235,22 @@ async def test_a_reason_group_is_replayed_after_confirmation(
     await sign_in(http, "ana")
     form = {"reason": "delivery_limit", "csrf": await token(http, "/dead-letters")}
     asked = await http.post("/dead-letters/replay", data=form)
-    assert "Replay every dead letter of reason delivery_limit?" in asked.text
+    how_many = await stack.pool.fetchval(
+        "SELECT count(*) FROM dead_letters WHERE status = 'dead' AND reason = 'delivery_limit'"
+    )
+    assert f"Replay {how_many} dead letter(s) of reason delivery_limit?" in asked.text
+    expected = re.search(r'name="expected" value="([0-9a-f]{16})"', asked.text)
+    assert expected is not None, "the confirmation carries what was confirmed"
     bad = await http.post(
         "/dead-letters/replay", data={**form, "reason": "x\x00y", "confirmed": "yes"}
     )
     assert "not a replay this console can send" in (await http.get(bad.headers["location"])).text
-    await http.post("/dead-letters/replay", data={**form, "confirmed": "yes"})
+    stale = await http.post(
+        "/dead-letters/replay", data={**form, "confirmed": "yes", "expected": "0" * 16}
+    )
+    assert "changed since you confirmed" in (await http.get(stale.headers["location"])).text
+    assert await stack.store.blocks(order_id) != [], "nothing replayed on a stale confirmation"
+    confirmed = {**form, "confirmed": "yes", "expected": expected.group(1)}
+    await http.post("/dead-letters/replay", data=confirmed)
     assert (await terminal(stack, saga_id)).status == "completed"
     assert await stack.store.blocks(order_id) == []

@@ -1,82 +1,19 @@
 """The console in a real browser (headless Chromium driven by Playwright): what an operator
-does with it, end to end, against the stack on the real RabbitMQ and Postgres.
-
-``SAGA_CONSOLE_SCREENSHOTS=docs/console`` keeps each page's screenshot there
-(docs/how-to/console.md shows them)."""
+does with it, end to end, against the stack on the real RabbitMQ and Postgres."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import asyncpg
-import pytest
-from playwright.async_api import Page, async_playwright, expect
+from playwright.async_api import Page, expect
 
-from saga_app.console.settings import ConsoleSettings
 from saga_app.stack import Stack
 from saga_services.faults import add_fault, clear_faults
 from saga_shared.client import SagaClient
-from saga_shared.config import Settings
 from saga_shared.transport.bus import Bus
-from tests.integration.console_kit import PASSWORDS, accounts_file
-from tests.integration.helpers import REFUND, eventually, publish_start, remove_namespace, terminal
+from tests.integration.browser import shot, sign_in
+from tests.integration.helpers import REFUND, eventually, publish_start, terminal
 from tests.integration.sabotage import Sabotage
 from tests.integration.test_gates_and_abort import CHECKOUT
-
-CHROMIUM = os.environ.get("SAGA_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-assert Path(CHROMIUM).exists(), f"no Chromium at {CHROMIUM}: apt-get install chromium"
-SHOTS = os.environ.get("SAGA_CONSOLE_SCREENSHOTS")
-if SHOTS:
-    Path(SHOTS).mkdir(parents=True, exist_ok=True)
-
-
-@pytest.fixture
-async def console_stack(settings: Settings, tmp_path: Path) -> AsyncIterator[tuple[Stack, str]]:
-    config = ConsoleSettings(users=str(accounts_file(tmp_path)))
-    stack = Stack(settings, ["all"], console=config)
-    assert stack.console_runner is not None
-    # A port the kernel picks, so parallel runs never collide.
-    stack.console_runner.sock = socket.create_server(("127.0.0.1", 0))
-    await stack.start()
-    try:
-        yield stack, stack.console_runner.address
-    finally:
-        await stack.stop()
-        await remove_namespace(settings)
-
-
-@pytest.fixture
-async def page() -> AsyncIterator[Page]:
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        opened = await browser.new_page(viewport={"width": 1360, "height": 860})
-        yield opened
-        await browser.close()
-
-
-@pytest.fixture
-async def agent(console_stack: tuple[Stack, str]) -> AsyncIterator[SagaClient]:
-    stack, _ = console_stack
-    async with Bus(stack.settings) as bus, SagaClient(bus, answer_within_s=20) as client:
-        yield client
-
-
-async def shot(page: Page, name: str) -> None:
-    if SHOTS:
-        await page.screenshot(path=str(Path(SHOTS) / f"{name}.png"), full_page=True)
-
-
-async def sign_in(page: Page, base: str, name: str, path: str = "/") -> None:
-    await page.goto(base + path)
-    await expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
-    await page.get_by_label("Name").fill(name)
-    await page.get_by_label("Password").fill(PASSWORDS[name])
-    await page.get_by_role("button", name="Sign in").click()
-    await expect(page.locator("header .who")).to_contain_text(name)
 
 
 async def test_an_operator_finds_a_saga_that_needs_a_person_and_resumes_it(

@@ -22,7 +22,7 @@ from saga_shared.config import Settings
 from saga_shared.model.messages import ActionDone, ActionRequest
 from saga_shared.transport.bus import Bus
 from saga_shared.transport.codec import message_to_amqp
-from tests.integration.deployment import Deployment
+from tests.integration.deployment import Deployment, _rabbitmqctl
 from tests.integration.helpers import REFUND, eventually
 from tests.integration.test_gates_and_abort import CHECKOUT
 
@@ -222,6 +222,23 @@ async def _alerts(bus: Bus) -> asyncio.Queue[bytes]:
 
     await queue.consume(on_message, no_ack=True)
     return found
+
+
+async def test_an_account_that_may_send_no_command_hears_why_and_its_command_is_kept(
+    role_stack: Stack, role_settings: Settings, deployment: Deployment, pool: asyncpg.Pool,
+    order_id: str,
+) -> None:  # fmt: skip
+    """An account the broker knows but the deployment gave no role (here guest, allowed into
+    the vhost by an administrator's mistake): its command is refused with the reason, not left
+    unanswered, and kept as a dead letter (forged)."""
+    _rabbitmqctl("set_permissions", "-p", deployment.vhost, "guest", ".*", ".*", ".*")
+    # the URL's own account: guest
+    async with Bus(role_settings) as bus, SagaClient(bus, answer_within_s=20) as stranger:
+        assert bus.user == "guest"
+        with pytest.raises(CommandRejected, match="user 'guest' may not send commands"):
+            await stranger.start("refund", order_id=order_id, params=REFUND)
+    [dead] = await eventually(lambda: dead_letters(pool, order_id), lambda rows: len(rows) == 1)
+    assert (dead["reason"], dead["sender"]) == ("forged", "guest")
 
 
 async def test_a_request_that_did_not_come_from_the_coordinator_sends_no_email(

@@ -39,7 +39,7 @@ def test_promtool_accepts_the_alert_rules() -> None:
         ["promtool", "check", "rules", str(ALERTS)], capture_output=True, text=True, check=False
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 6 rules found" in checked.stdout
+    assert "SUCCESS: 8 rules found" in checked.stdout
 
 
 def test_every_alert_names_exported_metrics_and_says_what_to_do() -> None:

@@ -1,0 +1,54 @@
+"""Heartbeats (``processes``): each component writes its own row, says when it stops, and in
+``roles`` mode cannot make another component look alive."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from saga_shared.config import Settings
+from saga_shared.security.identity import database_url_for
+from saga_shared.storage.presence import Presence
+from tests.integration.helpers import eventually
+
+
+async def row_of(pool: asyncpg.Pool, presence: Presence) -> asyncpg.Record | None:
+    return await pool.fetchrow("SELECT * FROM processes WHERE id = $1", presence.id)
+
+
+async def test_a_component_beats_and_says_when_it_stops(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    presence = Presence(pool, settings.namespace, "adapter", "email", ["q"], "0.2.0", 0.05)
+    beating = asyncio.create_task(presence.run())
+    first = await eventually(lambda: row_of(pool, presence), lambda r: r is not None)
+    later = await eventually(
+        lambda: row_of(pool, presence),
+        lambda r: r is not None and first is not None and r["beat_at"] > first["beat_at"],
+    )
+    assert first is not None and later is not None
+    assert later["stopped_at"] is None and later["before_at"] == first["beat_at"]
+    beating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await beating
+    ended = await row_of(pool, presence)
+    assert ended is not None and ended["stopped_at"] is not None
+
+
+async def test_in_roles_mode_a_service_writes_only_its_own_row(
+    role_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    inventory = await asyncpg.connect(database_url_for(role_settings, "inventory"))
+    try:
+        own = Presence(inventory, role_settings.namespace, "adapter", "inventory", [], "x")  # type: ignore[arg-type]
+        await own.beat()
+        forged = Presence(inventory, role_settings.namespace, "adapter", "email", [], "x")  # type: ignore[arg-type]
+        await forged.beat()  # refused by the database; said once, and the component goes on
+        assert "row-level security" in caplog.text and "run `saga setup`" in caplog.text
+        seen = await inventory.fetch("SELECT name FROM processes WHERE namespace = $1",
+                                     role_settings.namespace)  # fmt: skip
+        assert {r["name"] for r in seen} == {"inventory"}  # it sees only its own, too
+    finally:
+        await inventory.close()
