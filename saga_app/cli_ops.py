@@ -77,7 +77,8 @@ def faults_clear(ctx: click.Context, order_id: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def effects(ctx: click.Context, order_id: str, as_json: bool) -> None:
-    """What the simulated systems hold for an order, and how often each effect was applied."""
+    """What the simulated systems hold for an order, how often each effect was applied, and
+    every service's calls for it (the key record: services of one's own too)."""
     found = run_async(with_pool(settings_of(ctx), lambda p: effects_for_order(p, order_id)))
     if as_json:
         dump(found)

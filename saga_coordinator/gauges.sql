@@ -30,8 +30,8 @@ FROM processes WHERE namespace = $2 GROUP BY kind, name;
 UPDATE processes p SET stopped_at = p.beat_at
 WHERE p.stopped_at IS NULL AND p.beat_at < now() - $1 * interval '1 second'
   AND EXISTS (SELECT 1 FROM processes q
-              WHERE q.kind = p.kind AND q.name = p.name AND q.host = p.host
-                AND q.started_at > p.beat_at);
+              WHERE q.namespace = p.namespace AND q.kind = p.kind AND q.name = p.name
+                AND q.host = p.host AND q.started_at > p.beat_at);
 
 -- name: processes_forget
 -- A stopped process's row is kept an hour (the console shows it went away), a silent one a

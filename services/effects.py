@@ -1,5 +1,6 @@
 """What the simulated systems hold for one order: the ground truth an operator checks a saga
-against ("did the release really happen? was anything applied twice?")."""
+against ("did the release really happen? was anything applied twice?"); and what every
+service's adapter called for it, services of one's own included, from the key record."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ _SECTIONS: tuple[tuple[str, str], ...] = (
     ("charges", "charges_for_order"),
     ("emails", "emails_for_order"),
     ("applied", "applied_for_order"),
+    ("calls", "calls_for_order"),
 )
 
 

@@ -73,6 +73,14 @@ WHERE order_id = $1
 GROUP BY action, idempotency_key
 ORDER BY min(id);
 
+-- name: calls_for_order
+-- What every service's adapter called for the order, as its key record holds it (services of
+-- one's own included): done, failed, fenced, or still pending; whether it may have landed.
+SELECT system, action, key, outcome, landed, claims, result::text AS result, error, finished_at
+FROM service_keys
+WHERE order_id = $1
+ORDER BY created_at, key;
+
 -- ---------------------------------------------------------------------------------------------
 -- One call of a simulated system, in one statement (migration 0007)
 

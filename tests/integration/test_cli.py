@@ -74,6 +74,10 @@ async def test_start_wait_show_list_effects(
 
     effects = await saga_json(settings, "effects", "--order", order_id)
     assert len(effects["emails"]) == 1
+    assert [(c["action"], c["outcome"]) for c in effects["calls"]] == [
+        ("inventory.reserve_stock", "done"), ("erp.create_credit_note", "done"),
+        ("email.send_customer_email", "done"),
+    ]  # fmt: skip
 
     code, table, _ = await saga(settings, "show", "--order", order_id)
     assert code == 0

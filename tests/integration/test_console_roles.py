@@ -131,6 +131,12 @@ async def test_each_role_against_each_decision(
         n1 = await agent.start("refund", order_id=f"{order_id}-n", params=REFUND)
         assert (await agent.wait(n1, seconds=30)).type == "saga.needs_human"
 
+    # every component beats on its own account, and the console reads them as the reader
+    health = desk["viewer"].page
+    await health.goto(f"{base}/health")
+    alive = health.locator("#processes tr[data-state=alive]")
+    await expect(alive).to_have_count(5)  # the coordinator and the four adapters
+
     for decision in ("approve", "reject", "abort"):
         assert "403: " in await desk["viewer"].decide(g1, decision, "as a viewer")
     for decision in ("approve", "reject"):

@@ -23,8 +23,8 @@ from saga_shared.security.identity import db_role
 from saga_shared.transport.bus import Bus
 from tests.conftest import AMQP_URL
 from tests.integration.deployment import Deployment
-from tests.integration.helpers import remove_namespace
-from tests.integration.test_cli import saga
+from tests.integration.helpers import eventually, remove_namespace
+from tests.integration.test_cli import saga, saga_json
 
 
 @pytest.fixture
@@ -122,6 +122,10 @@ async def test_the_new_service_runs_on_its_own_accounts_in_roles_mode(
                 "warehouse_demo", order_id="o-wh-2", params={"label": "crate"}
             )
             outcome = await agent.wait(saga_id, seconds=30)
+            # its heartbeat is written on its own account, and its calls show in `saga effects`
+            beats = await eventually(lambda: _beats(own_db, settings.namespace),
+                                     lambda names: "warehouse" in names)  # fmt: skip
+            effects = await saga_json(settings, "effects", "--order", "o-wh-2")
         permitted = {g.user: g for g in grants(settings)}[made.user("warehouse")]
         admin = await asyncpg.connect(own_db)
         try:
@@ -138,8 +142,19 @@ async def test_the_new_service_runs_on_its_own_accounts_in_roles_mode(
         await _drop(made, own_db)
 
     assert outcome.status == "completed"
+    assert {"coordinator", "warehouse"} <= beats
+    assert [(c["system"], c["outcome"]) for c in effects["calls"]] == [("warehouse", "done")]
     assert permitted.read == rf"^{settings.namespace}\.action\.warehouse$"
     assert (may_write, may_touch_sagas) == (True, False)
+
+
+async def _beats(database_url: str, namespace: str) -> set[str]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT name FROM processes WHERE namespace = $1", namespace)
+        return {r["name"] for r in rows}
+    finally:
+        await conn.close()
 
 
 async def _drop(made: Deployment, database_url: str) -> None:

@@ -7,8 +7,11 @@ import asyncio
 
 import asyncpg
 import pytest
+from prometheus_client import REGISTRY
 
+from saga_coordinator.gauges import read_gauges
 from saga_shared.config import Settings
+from saga_shared.observability import metrics
 from saga_shared.security.identity import database_url_for
 from saga_shared.storage.presence import Presence
 from tests.integration.helpers import eventually
@@ -52,3 +55,35 @@ async def test_in_roles_mode_a_service_writes_only_its_own_row(
         assert {r["name"] for r in seen} == {"inventory"}  # it sees only its own, too
     finally:
         await inventory.close()
+
+
+async def test_a_silent_process_restarted_on_its_host_no_longer_counts_as_silent(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """Killed (it beat once, then nothing), then started again on the same host: the gauge
+    says silent until the new one beats, then alive, and the old row is taken as stopped."""
+    every = 0.2  # silent after 0.6 s
+    metrics.export_database_gauges()  # as the coordinator does (keep_gauges)
+    killed = Presence(pool, settings.namespace, "adapter", "email", [], "0.2.0", every)
+    await killed.beat()
+    await eventually(lambda: quiet_s(pool, killed), lambda s: s > 3 * every)
+    await read_gauges(pool, settings.namespace, every)
+    assert await series("email") == {"alive": 0.0, "silent": 1.0}
+    restarted = Presence(pool, settings.namespace, "adapter", "email", [], "0.2.0", every)
+    await restarted.beat()
+    await read_gauges(pool, settings.namespace, every)
+    assert await series("email") == {"alive": 1.0, "silent": 0.0}
+    old = await row_of(pool, killed)
+    assert old is not None and old["stopped_at"] == old["beat_at"]
+
+
+async def quiet_s(pool: asyncpg.Pool, presence: Presence) -> float:
+    return float(await pool.fetchval(
+        "SELECT extract(epoch FROM now() - beat_at) FROM processes WHERE id = $1", presence.id
+    ))  # fmt: skip
+
+
+async def series(name: str) -> dict[str, float | None]:
+    return {state: REGISTRY.get_sample_value("saga_processes", {"kind": "adapter", "name": name,
+                                                                "state": state})
+            for state in ("alive", "silent")}  # fmt: skip

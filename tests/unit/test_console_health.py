@@ -5,9 +5,13 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from saga_app.console.health import health, process_of
+from saga_app.console.settings import ConsoleSettings
 from saga_app.console.web import when
 from saga_shared.config import Settings
+from saga_shared.errors import ConfigError
 from saga_shared.transport.bus import QueueDepth
 from saga_shared.transport.topology import Topology
 
@@ -70,3 +74,13 @@ def test_a_moment_says_utc_and_carries_its_exact_value() -> None:
     assert when("2026-12-07T12:30:05+00:00").startswith('<time datetime="2026-12-07T12:30:05')
     assert when("<b>not a moment</b>") == "&lt;b&gt;not a moment&lt;/b&gt;"
     assert when(None) == ""
+
+
+def test_a_trace_url_must_be_http_and_name_the_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in ("javascript:alert(1)//{trace_id}", "https://traces.example.com/",
+                "https://x/{trace_id} y"):  # fmt: skip
+        monkeypatch.setenv("SAGA_CONSOLE_TRACE_URL", bad)
+        with pytest.raises(ConfigError, match="SAGA_CONSOLE_TRACE_URL"):
+            ConsoleSettings.from_env()
+    monkeypatch.setenv("SAGA_CONSOLE_TRACE_URL", "https://t.example.com/trace/{trace_id}")
+    assert ConsoleSettings.from_env().trace_url.endswith("{trace_id}")

@@ -12,6 +12,7 @@ def test_every_section_is_there_and_an_empty_one_says_none() -> None:
 
     assert [title for title, _, _ in tables] == [
         "reservations (0)", "credit_notes (0)", "charges (0)", "emails (0)", "applied (0)",
+        "calls (0)",
     ]  # fmt: skip
     for title, headers, rows in tables:
         assert plain_table(headers, rows, title=title) == f"{title}\n  (none)"
@@ -26,7 +27,7 @@ def test_rows_are_aligned_under_their_section_and_timestamps_shortened() -> None
         ],
         "emails": [{"email_id": "em-1", "sent_at": "2026-01-02T03:04:05.678901+00:00"}],
     }
-    reservations, _, _, emails, _ = effect_tables(effects)
+    reservations, _, _, emails, _, _ = effect_tables(effects)
 
     lines = plain_table(reservations[1], reservations[2], title=reservations[0]).splitlines()
     assert lines[0] == "reservations (2)"
