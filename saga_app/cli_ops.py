@@ -1,4 +1,4 @@
-"""``saga faults`` and ``saga effects``: rehearsing failures in the simulated systems."""
+"""``saga faults`` and ``saga effects``: rehearsing failures, and what the systems hold."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from saga_app.cli_support import run_async, settings_of, with_pool
 from saga_app.output import dump, table, warning
 from saga_services import faults as fault_store
 from saga_services.effects import applied_twice, effect_tables, effects_for_order
+from saga_services.registry import all_actions
 from saga_shared.config import Settings
 from saga_shared.errors import SagaError
 from saga_shared.model.gateway import load_catalog
@@ -16,7 +17,7 @@ from saga_shared.model.text import clean
 
 @click.group()
 def faults() -> None:
-    """Fault injection in the simulated systems, per action and order."""
+    """Fault injection per action and order, for rehearsing failures."""
 
 
 @faults.command("add")
@@ -25,29 +26,25 @@ def faults() -> None:
 @click.option("--mode", required=True, help="permanent | transient:N | hang | hang:N")
 @click.pass_context
 def faults_add(ctx: click.Context, action: str, order_id: str, mode: str) -> None:
-    """Make ACTION fail for one order in the simulated systems: permanent (refused, nothing
-    landed), transient:N (the next N calls fail, then it works), hang or hang:N (no answer:
-    the step's deadline fires). `saga faults clear --order ID` lifts them."""
+    """Make ACTION fail for one order: permanent (refused, nothing landed), transient:N (the
+    next N calls fail, then it works), hang or hang:N (no answer: the step's deadline fires).
+    The simulated systems always apply faults; the adapter of a service of your own does when
+    it runs with SAGA_INJECT_FAULTS=true. `saga faults clear --order ID` lifts them."""
     try:
         fault_store.parse_mode(mode)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--mode") from None
+    settings = settings_of(ctx)
+    own = _own_actions(settings)
     try:
-        fault_store.check_action(action)
+        fault_store.check_action(action, own)
     except ValueError as exc:
-        if _in_own_catalog(settings_of(ctx), action):
-            # Said plainly rather than accepted: nothing would ever apply it.
-            raise click.BadParameter(
-                f"{action} is served by your own service, and faults are injected in the "
-                "simulated systems only; rehearse its failures with the test kit "
-                "(kit.fail, or s.fail in the simulation) or in your system itself",
-                param_hint="ACTION",
-            ) from None
         raise click.BadParameter(str(exc), param_hint="ACTION") from None
-    run_async(
-        with_pool(settings_of(ctx), lambda p: fault_store.add_fault(p, action, order_id, mode))
-    )
+    run_async(with_pool(settings, lambda p: fault_store.add_fault(p, action, order_id, mode, own)))
     click.echo(clean(f"fault {mode} on {action} for order {order_id}"))
+    if action in own:  # said plainly: nothing applies it otherwise
+        click.echo(f"{action.split('.')[0]} is your own service: its adapter applies this "
+                   "fault only if it runs with SAGA_INJECT_FAULTS=true")  # fmt: skip
 
 
 @faults.command("list")
@@ -79,7 +76,9 @@ def faults_clear(ctx: click.Context, order_id: str | None) -> None:
 def effects(ctx: click.Context, order_id: str, as_json: bool) -> None:
     """What the simulated systems hold for an order, how often each effect was applied, and
     every service's calls for it (the key record: services of one's own too)."""
-    found = run_async(with_pool(settings_of(ctx), lambda p: effects_for_order(p, order_id)))
+    found = run_async(
+        with_pool(settings_of(ctx), lambda p: effects_for_order(p, order_id, calls=True))
+    )
     if as_json:
         dump(found)
         return
@@ -93,10 +92,11 @@ def effects(ctx: click.Context, order_id: str, as_json: bool) -> None:
         warning(f"WARNING: applied more than once for key(s): {', '.join(twice)}")
 
 
-def _in_own_catalog(settings: Settings, action: str) -> bool:
-    """Whether SAGA_CATALOG_PATH declares ``action`` (a service of one's own, then)."""
+def _own_actions(settings: Settings) -> set[str]:
+    """The actions and compensations SAGA_CATALOG_PATH declares beyond the simulated systems'
+    (those of one's own services)."""
     try:
         catalog = load_catalog(settings.catalog_file)
     except (SagaError, OSError):
-        return False  # a catalog that cannot load says so where it is used, not here
-    return action in catalog.actions or action in catalog.compensations
+        return set()  # a catalog that cannot load says so where it is used, not here
+    return {*catalog.actions, *catalog.compensations} - set(all_actions())

@@ -53,6 +53,8 @@ SELECT format('GRANT SELECT, INSERT, UPDATE ON delivery_failures TO %I', $1::tex
 UNION ALL
 SELECT format('SELECT saga_grant_presence(%L, %L, %L)', $1::text, 'adapter', $2::text)
 UNION ALL
+SELECT format('GRANT SELECT, UPDATE ON sim_faults TO %I', $1::text)
+UNION ALL
 SELECT format('GRANT SELECT ON schema_migrations TO %I', $1::text)
 UNION ALL
 SELECT format('GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO %I', $1::text);

@@ -31,9 +31,10 @@ from tenacity import before_sleep_log
 from saga_services import settling
 from saga_services.calls import Calls, Outcome
 from saga_services.errors import Transient
+from saga_services.faults import Rehearsal
 from saga_services.keys import KeyStore, MemoryKeys, PgKeys
 from saga_services.outcome import build_outcome
-from saga_services.registry import load_service
+from saga_services.registry import SYSTEMS, load_service
 from saga_services.sdk import Resources, Service
 from saga_shared.config import Settings
 from saga_shared.crashpoints import crash_point
@@ -105,7 +106,12 @@ class Adapter:
             else MemoryKeys(lambda: datetime.now(UTC), atomic=self.service.atomic)
         )  # fmt: skip
         self.owner = owner or f"{self.name}@{socket.gethostname()}:{os.getpid()}:{random_id()[:8]}"
-        self.calls = Calls(self.service, self.keys, catalog, self.owner, sleep=sleep, clock=clock)
+        # The simulated systems apply faults in their own statement; a service of one's own has
+        # them applied here, only where asked (a rehearsal, never by default in production).
+        rehearse = settings.inject_faults and pool is not None and self.name not in SYSTEMS
+        before = Rehearsal(pool).before if rehearse and pool is not None else None
+        self.calls = Calls(self.service, self.keys, catalog, self.owner, sleep=sleep,
+                           clock=clock, before=before)  # fmt: skip
         self.memory = memory
         self._resources = contextlib.AsyncExitStack()
         self._deps: Any = None

@@ -47,8 +47,11 @@ class Calls:
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
+        before: Callable[[ActionRequest], Awaitable[None]] | None = None,
     ) -> None:
+        """``before``: what runs right before each call (``faults.Rehearsal``)."""
         self.service = service
+        self.before = before
         self.keys = keys
         self.catalog = catalog
         self.owner = owner
@@ -146,6 +149,8 @@ class Calls:
         try:
             forward = await self._forward_state(req, deps)
             self._check_lease(ticket, claimed_at)
+            if self.before is not None:
+                await self.before(req)
             result = await self.service.call(req, deps, attempt=ticket.attempt)
             return Outcome(Done(result), ticket.attempt, forward)
         except Permanent as exc:
@@ -199,6 +204,8 @@ class Calls:
                 try:
                     forward = await self._forward_state(req, deps)
                     self._check_lease(ticket, claimed_at)
+                    if self.before is not None:
+                        await self.before(req)
                     result = await self.service.call(req, deps, attempt=ticket.attempt)
                 except Permanent as exc:
                     return Outcome(exc, ticket.attempt)

@@ -20,17 +20,23 @@ _SECTIONS: tuple[tuple[str, str], ...] = (
     ("charges", "charges_for_order"),
     ("emails", "emails_for_order"),
     ("applied", "applied_for_order"),
-    ("calls", "calls_for_order"),
 )
+# What every service's adapter called (the key record): beside the systems' state, not part of
+# it (the in-memory twin of the systems keeps no key record).
+_CALLS = ("calls", "calls_for_order")
 
 
-async def effects_for_order(pool: asyncpg.Pool, order_id: str) -> dict[str, Rows]:
-    """Current rows of every simulated table for the order, plus effects applied per key."""
+async def effects_for_order(
+    pool: asyncpg.Pool, order_id: str, *, calls: bool = False
+) -> dict[str, Rows]:
+    """Current rows of every simulated table for the order, plus effects applied per key;
+    ``calls``: and every service's calls for it, from the key record."""
+    sections = (*_SECTIONS, _CALLS) if calls else _SECTIONS
     async with pool.acquire() as conn, conn.transaction(readonly=True, isolation="repeatable_read"):
         # One snapshot, so the sections agree with each other.
         return {
             section: [row_dict(r) for r in await conn.fetch(getattr(Q, query), order_id)]
-            for section, query in _SECTIONS
+            for section, query in sections
         }
 
 
@@ -38,7 +44,7 @@ def effect_tables(effects: dict[str, Rows]) -> list[tuple[str, list[str], list[l
     """Each section as a titled table for a person: its title with the count, its columns,
     its cells as text (the CLI draws them)."""
     tables = []
-    for section, _ in _SECTIONS:
+    for section, _ in (*_SECTIONS, _CALLS):
         rows = effects.get(section, [])
         columns = list(rows[0]) if rows else []
         tables.append(

@@ -9,10 +9,15 @@ it.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Collection
+
 import asyncpg
 
+from saga_services.errors import Permanent, Transient
 from saga_services.registry import all_actions
 from saga_services.store import Q, row_dict
+from saga_shared.model.messages import ActionRequest
 
 MAX_TRANSIENT = 1000
 
@@ -38,15 +43,19 @@ def parse_mode(text: str) -> tuple[str, int | None]:
     )
 
 
-def check_action(action: str) -> None:
-    """Faults apply to the simulated systems' actions: ValueError naming them otherwise."""
-    if action not in all_actions():
-        raise ValueError(f"unknown action {action!r} (known: {', '.join(all_actions())})")
+def check_action(action: str, own: Collection[str] = ()) -> None:
+    """Faults apply to the simulated systems' actions and to ``own``, those of one's own
+    services: ValueError naming them otherwise."""
+    if action not in all_actions() and action not in own:
+        known = ", ".join([*all_actions(), *sorted(own)])
+        raise ValueError(f"unknown action {action!r} (known: {known})")
 
 
-async def add_fault(pool: asyncpg.Pool, action: str, order_id: str, mode: str) -> None:
+async def add_fault(
+    pool: asyncpg.Pool, action: str, order_id: str, mode: str, own: Collection[str] = ()
+) -> None:
     """Inject a fault, replacing any fault already set on this action and order."""
-    check_action(action)
+    check_action(action, own)
     if not order_id:
         raise ValueError("order_id must not be empty")
     kind, remaining = parse_mode(mode)
@@ -61,3 +70,22 @@ async def clear_faults(pool: asyncpg.Pool, order_id: str | None) -> int:
     """Remove the faults of one order, or every fault when ``order_id`` is None."""
     cleared: int = await pool.fetchval(Q.clear_faults, order_id)
     return cleared
+
+
+class Rehearsal:
+    """The faults of a service of one's own, applied by its adapter before each call when it
+    runs with ``SAGA_INJECT_FAULTS=true`` (one statement more per call; the simulated systems
+    apply theirs inside their own statement): the call fails as it would have, and nothing
+    reaches the service."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def before(self, req: ActionRequest) -> None:
+        mode = await self.pool.fetchval(Q.take_fault, req.action, req.order_id)
+        if mode == "permanent":
+            raise Permanent(f"injected permanent fault on {req.action}")
+        if mode == "transient":
+            raise Transient(f"injected transient fault on {req.action}")
+        if mode == "hang":
+            await asyncio.Event().wait()  # no answer: the call's timeout ends it, as a real hang

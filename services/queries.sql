@@ -73,6 +73,22 @@ WHERE order_id = $1
 GROUP BY action, idempotency_key
 ORDER BY min(id);
 
+-- name: take_fault
+-- One call's injected fault, for a service of one's own, used up as the simulated systems use
+-- theirs (migration 0012's key_call): 'permanent' and 'hang' fail every call, 'transient:N' and
+-- 'hang:N' the next N. No row: no fault, or it is spent.
+WITH f AS (
+    SELECT mode, remaining FROM sim_faults WHERE action = $1 AND order_id = $2 FOR UPDATE
+), spent AS (
+    UPDATE sim_faults s SET remaining = s.remaining - 1
+    FROM f
+    WHERE s.action = $1 AND s.order_id = $2 AND f.mode <> 'permanent' AND s.remaining > 0
+    RETURNING s.remaining
+)
+SELECT f.mode FROM f
+WHERE f.mode = 'permanent' OR (f.mode = 'hang' AND f.remaining IS NULL)
+   OR EXISTS (SELECT 1 FROM spent);
+
 -- name: calls_for_order
 -- What every service's adapter called for the order, as its key record holds it (services of
 -- one's own included): done, failed, fenced, or still pending; whether it may have landed.

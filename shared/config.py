@@ -254,6 +254,9 @@ class Settings(BaseSettings):
     # do), and how often the coordinator reads the database's gauges.
     metrics_bind: str = "127.0.0.1:9464"
     metrics_poll_s: Seconds = 10.0
+    # Whether the adapters of your own services take the faults of `saga faults add` (for
+    # rehearsals: one more statement per call; the simulated systems always take them).
+    inject_faults: bool = False
     # How often each coordinator and adapter writes its row of `processes` (the console's
     # Health page); one that has not written for three of these is shown as silent.
     heartbeat_s: Seconds = 5.0

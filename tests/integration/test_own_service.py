@@ -90,6 +90,47 @@ async def test_the_new_service_runs_a_saga_beside_the_coordinator(
     assert str(state.steps[0].result["thing_id"]).startswith("thing-")  # type: ignore[index]
 
 
+async def test_faults_rehearse_ones_own_service_when_its_adapter_takes_them(
+    scaffolded: Path, settings: Settings
+) -> None:
+    """`saga faults add` on the service's action: its adapter, run with SAGA_INJECT_FAULTS,
+    fails the next call (then it works: attempt 2), or every call (the saga compensates); the
+    service's function is never called for a faulted try. Without the setting, nothing."""
+    own = settings.with_(catalog_path=str(scaffolded / "catalog.toml"))
+    action = "warehouse.create_thing"
+    for order, mode in (
+        ("o-wh-t", "transient:1"),
+        ("o-wh-p", "permanent"),
+        ("o-wh-off", "permanent"),
+    ):
+        code, out, err = await saga(own, "faults", "add", action, "--order", order, "--mode", mode)
+        assert code == 0 and "SAGA_INJECT_FAULTS=true" in out, (code, out, err)
+    ends = {}
+    try:
+        for inject, orders in ((True, ("o-wh-t", "o-wh-p")), (False, ("o-wh-off",))):
+            parts = ["coordinator", "warehouse.service:SERVICE"]
+            async with (
+                Stack(own.with_(inject_faults=inject), parts) as stack,
+                Bus(own) as bus,
+                SagaClient(bus, answer_within_s=20) as agent,
+            ):
+                for order in orders:
+                    saga_id = await agent.start("warehouse_demo", order_id=order,
+                                                params={"label": "crate"})  # fmt: skip
+                    await agent.wait(saga_id, seconds=30)
+                    state = await stack.store.get(saga_id)
+                    assert state is not None
+                    ends[order] = (state.status, state.steps[0].attempts, state.steps[0].error)
+    finally:
+        await saga(own, "faults", "clear")
+        await remove_namespace(own)
+
+    assert ends["o-wh-t"][:2] == ("completed", 2)
+    assert ends["o-wh-p"][0] == "compensated"
+    assert "injected permanent fault on warehouse.create_thing" in str(ends["o-wh-p"][2])
+    assert ends["o-wh-off"][:2] == ("completed", 1)  # an adapter not asked applies none
+
+
 def test_two_components_serving_one_service_are_refused(settings: Settings) -> None:
     with pytest.raises(ConfigError, match="both serve 'payments'"):
         Stack(settings, ["coordinator", "payments", "payments-http"])
@@ -136,6 +177,9 @@ async def test_the_new_service_runs_on_its_own_accounts_in_roles_mode(
             may_touch_sagas = await admin.fetchval(
                 "SELECT has_table_privilege($1, 'sagas', 'SELECT')", role
             )
+            may_take_faults = await admin.fetchval(
+                "SELECT has_table_privilege($1, 'sim_faults', 'UPDATE')", role
+            )
         finally:
             await admin.close()
     finally:
@@ -145,7 +189,7 @@ async def test_the_new_service_runs_on_its_own_accounts_in_roles_mode(
     assert {"coordinator", "warehouse"} <= beats
     assert [(c["system"], c["outcome"]) for c in effects["calls"]] == [("warehouse", "done")]
     assert permitted.read == rf"^{settings.namespace}\.action\.warehouse$"
-    assert (may_write, may_touch_sagas) == (True, False)
+    assert (may_write, may_touch_sagas, may_take_faults) == (True, False, True)
 
 
 async def _beats(database_url: str, namespace: str) -> set[str]:
