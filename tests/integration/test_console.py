@@ -191,6 +191,28 @@ async def test_hostile_values_get_a_clear_answer_and_are_never_run(
         headers={"content-type": "application/x-www-form-urlencoded"},
     )
     assert huge.status_code == 403
+    csrf = await token(http, "/sagas")
+    stale = {"order": order_id, "reason": "r", "confirmed": "yes", "expected": "x" * 16}
+    for fields, said in [  # a bulk abort: hostile filters, a forged confirmation, no reason
+        ({"order": "a\x00b", "reason": "r"}, "order: letters"),
+        ({"since": "9" * 5000, "reason": "r"}, "since:"),
+        ({"order": order_id, "reason": ""}, "abort needs a reason"),
+        ({**stale, "batch": "0" * 16}, "changed since you confirmed"),
+    ]:
+        answer = await http.post("/sagas/abort-all", data={**fields, "csrf": csrf})
+        assert answer.status_code == 303, fields
+        shown = (await http.get(answer.headers["location"])).text
+        assert said in shown and "<script>x" not in shown, (fields, said)
+    asked = await http.post("/sagas/abort-all", data={"order": order_id, "reason": "r",
+                                                      "csrf": csrf})  # fmt: skip
+    assert "Abort 1 saga(s)?" in asked.text  # asked first: nothing sent yet
+    expected = re.search(r'name="expected" value="([0-9a-f]{16})"', asked.text)
+    assert expected is not None
+    forged = {"order": order_id, "reason": "r", "confirmed": "yes", "csrf": csrf,
+              "expected": expected.group(1), "batch": "<script>x"}  # fmt: skip
+    answer = await http.post("/sagas/abort-all", data=forged)
+    shown = (await http.get(answer.headers["location"])).text
+    assert "not a confirmation of this console" in shown and "<script>x" not in shown
     assert await status(stack, saga_id) == "awaiting_approval"
 
 

@@ -87,3 +87,24 @@ async def series(name: str) -> dict[str, float | None]:
     return {state: REGISTRY.get_sample_value("saga_processes", {"kind": "adapter", "name": name,
                                                                 "state": state})
             for state in ("alive", "silent")}  # fmt: skip
+
+
+async def test_in_roles_mode_the_coordinator_takes_a_replaced_adapter_as_stopped(
+    role_settings: Settings,
+) -> None:
+    every, ns = 0.2, role_settings.namespace
+    metrics.export_database_gauges()
+    inventory = await asyncpg.create_pool(database_url_for(role_settings, "inventory"))
+    coordinator = await asyncpg.create_pool(database_url_for(role_settings, "coordinator"))
+    try:
+        killed = Presence(inventory, ns, "adapter", "inventory", [], "x", every)
+        await killed.beat()
+        await eventually(lambda: quiet_s(coordinator, killed), lambda s: s > 3 * every)
+        await Presence(inventory, ns, "adapter", "inventory", [], "x").beat()
+        await read_gauges(coordinator, ns, every)  # as its own role
+        old = await row_of(coordinator, killed)
+        assert old is not None and old["stopped_at"] == old["beat_at"]
+        assert await series("inventory") == {"alive": 1.0, "silent": 0.0}
+    finally:
+        await inventory.close()
+        await coordinator.close()

@@ -23,7 +23,7 @@ CREATE TABLE processes (
 CREATE INDEX processes_namespace_idx ON processes (namespace, kind, name);
 
 -- A component writes only its own kind's and name's rows: an adapter cannot make another
--- service look alive. The coordinator also sees and forgets every row (its gauges).
+-- service look alive. The coordinator also sees, marks and forgets every row (its gauges).
 ALTER TABLE processes ENABLE ROW LEVEL SECURITY;
 
 CREATE OR REPLACE FUNCTION saga_grant_presence(role text, kind text, name text) RETURNS void
@@ -31,11 +31,13 @@ LANGUAGE plpgsql AS $fn$
 BEGIN
     EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON processes TO %I', role);
     EXECUTE format('DROP POLICY IF EXISTS %I ON processes', 'presence_of_' || role);
-    EXECUTE format('CREATE POLICY %I ON processes TO %I USING (%s) WITH CHECK (kind = %L AND name = %L)',
+    -- The coordinator reads every row and marks a replaced one stopped (its gauges).
+    EXECUTE format('CREATE POLICY %I ON processes TO %I USING (%s) WITH CHECK (%s)',
                    'presence_of_' || role, role,
                    CASE WHEN kind = 'coordinator' THEN 'true'
                         ELSE format('kind = %L AND name = %L', kind, name) END,
-                   kind, name);
+                   CASE WHEN kind = 'coordinator' THEN 'true'
+                        ELSE format('kind = %L AND name = %L', kind, name) END);
 END
 $fn$;
 
