@@ -28,12 +28,6 @@ Kind = Literal["coordinator", "adapter"]
 _UNWRITTEN: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, TimeoutError)
 
 
-def _process_id(name: str) -> str:
-    # Host and pid for a person reading the list; the random part because a pid is reused
-    # (a container restarted is pid 1 again) and must not revive the row of its predecessor.
-    return f"{socket.gethostname()[:64]}:{os.getpid()}:{name}:{secrets.token_hex(3)}"
-
-
 @dataclass
 class Presence:
     pool: asyncpg.Pool
@@ -43,11 +37,15 @@ class Presence:
     queues: Sequence[str]
     version: str
     every_s: float = 5.0
-    id: str = field(default="")
+    host: str = field(default_factory=lambda: socket.gethostname()[:64])
+    pid: int = field(default_factory=os.getpid)
+    id: str = ""
     _quiet: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.id = self.id or _process_id(self.name)
+        # Host and pid for a person reading the list; the random part because a pid is reused
+        # (a container restarted is pid 1 again) and must not revive its predecessor's row.
+        self.id = self.id or f"{self.host}:{self.pid}:{self.name}:{secrets.token_hex(3)}"
 
     async def run(self) -> None:
         try:
@@ -61,9 +59,8 @@ class Presence:
 
     async def beat(self) -> None:
         counts = json.dumps(FLOW.counts(self.queues))
-        host, pid = self.id.split(":", 2)[:2]
-        await self._say(Q.beat, self.id, self.namespace, self.kind, self.name, host, int(pid),
-                        self.version, counts)  # fmt: skip
+        await self._say(Q.beat, self.id, self.namespace, self.kind, self.name, self.host,
+                        self.pid, self.version, counts)  # fmt: skip
 
     async def _say(self, query: str, *args: object) -> None:
         try:

@@ -105,22 +105,26 @@ class Bus:
         finally:
             await channel.close()
 
-    async def depths(self) -> dict[str, QueueDepth | None]:
-        """Each queue of the topology's messages ready and consumers, by a passive declare
-        (which needs no permission); None for a queue that does not exist (or did not
-        answer): the broker closes the channel then, so each gets a channel of its own."""
+    async def depths(self, names: Sequence[str] | None = None) -> dict[str, QueueDepth | None]:
+        """Each queue's messages ready and consumers (by default the topology's), by a passive
+        declare, which needs no permission; None for a queue that does not exist (or did not
+        answer). A missing queue makes the broker close the channel: only then is another
+        opened."""
         found: dict[str, QueueDepth | None] = {}
-        for name in self.topology.all_queues():
-            channel = await self.connection.channel()
-            try:
-                queue = await channel.declare_queue(name, passive=True, timeout=5)
-                ok = queue.declaration_result
-                found[name] = QueueDepth(ok.message_count or 0, ok.consumer_count or 0)
-            except (aio_pika.exceptions.AMQPError, ConnectionError, TimeoutError):
-                found[name] = None
-            finally:
-                if not channel.is_closed:
-                    await channel.close()
+        channel: AbstractChannel | None = None
+        try:
+            for name in self.topology.all_queues() if names is None else names:
+                if channel is None or channel.is_closed:
+                    channel = await self.connection.channel()
+                try:
+                    ok = await channel.declare_queue(name, passive=True, timeout=5)
+                    result = ok.declaration_result
+                    found[name] = QueueDepth(result.message_count or 0, result.consumer_count or 0)
+                except (aio_pika.exceptions.AMQPError, ConnectionError, TimeoutError):
+                    found[name] = None
+        finally:
+            if channel is not None and not channel.is_closed:
+                await channel.close()
         return found
 
     async def _channel(self) -> tuple[AbstractChannel, aiormq.Channel]:

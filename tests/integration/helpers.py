@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-import aiormq
 import asyncpg
 from pydantic import JsonValue
 
@@ -113,15 +112,8 @@ def saga_env(settings: Settings) -> dict[str, str]:
 
 async def consumers_of(bus: Bus, queue_name: str) -> int:
     """How many consumers a queue has now (0 when it does not exist)."""
-    probe = await bus.connection.channel()
-    try:
-        queue = await probe.declare_queue(queue_name, passive=True)
-        return queue.declaration_result.consumer_count or 0
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        return 0  # the failed probe closed its channel
-    finally:
-        if not probe.is_closed:
-            await probe.close()
+    depth = (await bus.depths([queue_name]))[queue_name]
+    return depth.consumers if depth is not None else 0
 
 
 async def remove_namespace(settings: Settings) -> None:
