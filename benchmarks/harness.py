@@ -51,7 +51,7 @@ class Result:
     cpu_ms_per_saga: dict[str, float]  # per process, and the broker's and database's
     notes: list[str] = field(default_factory=list)
     profiles: list[Profile] = field(default_factory=list)
-    quorum_messages_per_saga: float = 0.0  # through quorum queues: commands, requests, outcomes
+    quorum_messages_per_saga: float = 0.0  # through quorum queues: commands, outcomes
     wal_bytes_per_saga: float = 0.0
 
     @property
@@ -276,9 +276,10 @@ async def _measure(settings: Settings, plan: Plan, notes: list[str]) -> Result:
     after = await _counters(settings.database_url)
     delta = {key: after[key] - before[key] for key in after}
     # The agent's command (routed straight to its partition), what the coordinator published
-    # (requests, replies, events) and the adapters' outcomes; a request per outcome.
+    # (requests, replies, events) and the adapters' outcomes; a request per outcome. Requests
+    # travel through the classic request queues: the command and the outcomes through quorum.
     messages = plan.sagas + delta["outbox_rows"] + delta["outcomes"]
-    quorum = plan.sagas + 2 * delta["outcomes"]
+    quorum = plan.sagas + delta["outcomes"]
     return Result(
         plan=plan, seconds=load.seconds, latencies_ms=load.latencies_ms, outcomes=load.outcomes,
         messages_per_saga=messages / plan.sagas,

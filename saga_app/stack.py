@@ -153,13 +153,14 @@ class Stack:
         for component, service in self.services.items():
             bus, pool = await self._connect(cast(Component, service.name))
             if self._shared and "coordinator" not in self.components:
-                await bus.declare()
+                await bus.declare(requests=False)  # the coordinator's to declare and watch
             adapter = Adapter(
                 service, self.settings, self.catalog, bus, pool,
                 db_retry_s=self.settings.db_retry_s,
             )  # fmt: skip
             runners.append((component, adapter.run()))
-            queues = [bus.topology.action_queue(service.name)]
+            topology = bus.topology
+            queues = [topology.action_queue(service.name), topology.request_queue(service.name)]
             runners.append((f"{component}-heartbeat", self._beats(pool, "adapter", service.name,
                                                                  queues)))  # fmt: skip
         if "payments-api" in self.components:
@@ -210,7 +211,7 @@ class Stack:
         self.coordinator = Coordinator(self.settings, self.catalog, bus, store)
         desk = DeadLetterDesk(store, self.coordinator.processor)
         url = database_url_for(self.settings, "coordinator")
-        self._relay = Relay(self.settings, pool, bus, url)
+        self._relay = Relay(self.settings, pool, bus, url, recover=self.coordinator.watch.recover)
         topology = bus.topology
         coordinator_queues = [
             topology.intake_queue,

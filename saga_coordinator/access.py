@@ -55,6 +55,7 @@ def _names(settings: Settings) -> dict[str, str]:
         "commands": f"{ns}\\.commands",
         "events": f"{ns}\\.events",
         "partitions": f"{ns}\\.partitions",
+        "dlx": f"{ns}\\.dlx",
     }
 
 
@@ -62,8 +63,9 @@ def grants(settings: Settings) -> list[Grant]:
     """The permission table. Clients (agents, operators, people, the console) may create only
     the queues they listen on (``amq.gen-*``, ``amq_<hex>``) and write only the commands exchange,
     under the routing keys of the commands their role may send; services only read their own
-    action queue and write outcomes into the partitions; only the coordinator, which owns the
-    topology, configures anything."""
+    action and request queues, write outcomes into the partitions, and bury a request past its
+    delivery limit in the dead-letter exchange (a classic queue does not); only the
+    coordinator, which owns the topology, configures anything."""
     n = _names(settings)
     d = Directory.from_settings(settings.with_(identity="roles"))
     commands, events = f"{settings.namespace}.commands", f"{settings.namespace}.events"
@@ -98,8 +100,8 @@ def grants(settings: Settings) -> list[Grant]:
                 f"{d.prefix}{service}",
                 service,
                 configure="^$",
-                write=f"^{n['partitions']}$",
-                read=f"^{n['ns']}\\.action\\.{re.escape(service)}$",
+                write=f"^({n['partitions']}|{n['dlx']})$",
+                read=f"^{n['ns']}\\.(action|request)\\.{re.escape(service)}$",
             )
         )
     table.append(client(d.user("ops"), "ops", every_command, ".*"))

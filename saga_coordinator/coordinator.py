@@ -15,6 +15,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from saga_coordinator.gatekeeper import Gatekeeper, stamped
 from saga_coordinator.group_commit import GroupCommit
 from saga_coordinator.processor import Processor
+from saga_coordinator.queue_watch import QueueWatch
 from saga_coordinator.sender import Sender
 from saga_coordinator.store import Store
 from saga_shared.config import Settings
@@ -52,7 +53,8 @@ class Coordinator:
         self.gate = Gatekeeper(settings, catalog, bus, store)
         self._published: list[int] = []  # outbox ids published, not yet deleted
         self._last_publish = 0.0
-        self.sender = Sender(bus, self._on_confirmed)
+        self.watch = QueueWatch(settings, bus, store)
+        self.sender = Sender(bus, self._on_confirmed, recover=self.watch.recover)
         most = settings.partitions * settings.partition_batch
         # A group waits while more than a group's worth of messages wait to be published.
         self.group = GroupCommit(
@@ -180,6 +182,7 @@ class Coordinator:
         async with asyncio.TaskGroup() as group:
             group.create_task(self._forget_published(), name="outbox-deletes")
             group.create_task(self.sender.run(), name="sender")
+            group.create_task(self.watch.run(), name="request-queues")
             for index in mine:
                 group.create_task(self._consume(index), name=f"partition-{index}")
             if others:

@@ -45,6 +45,7 @@ from saga_shared.transport.codec import (
     decode_incoming,
     identify_incoming,
 )
+from saga_shared.transport.poison import DEAD_HEADER
 from saga_shared.transport.topology import partition_of
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,17 @@ class Death:
 
 
 def read_death(headers: dict[str, Any], now: datetime) -> Death:
+    ours = headers.get(DEAD_HEADER)
+    if isinstance(ours, dict):  # buried by the consumer of a classic queue
+        count, at = ours.get("count"), ours.get("time")
+        return Death(
+            reason=header_text(ours.get("reason")) or "unknown",
+            queue=header_text(ours.get("queue")) or None,
+            exchange=header_text(ours.get("exchange")) or "",
+            routing_key=header_text(ours.get("routing-key")) or "",
+            count=count if isinstance(count, int) and 0 < count < 2**31 else 1,
+            at=at if isinstance(at, datetime) else now,
+        )
     deaths = [d for d in headers.get("x-death") or [] if isinstance(d, dict)]
     queue = header_text(headers.get("x-first-death-queue"))
     entry = next(
@@ -260,7 +272,7 @@ class DeadLetterIngester:
         death = read_death(headers, datetime.now(UTC))
         # the consumer that gave up recorded why; the broker only says how it ended
         failure = await tx.conn.fetchrow(Q.failure_get, ident.message_id, death.queue or "")
-        sender = header_text(delivery.user_id, 128)
+        sender = self.sender_of(delivery, death)
         judged = await self.judge(tx, delivery, ident, death, sender)
         # what the consumer said when it gave up, else what the ingester found
         error = failure["last_error"] if failure else judged.detail
@@ -282,6 +294,18 @@ class DeadLetterIngester:
             what = f"{letter.message_type or 'a message'} on {death.queue}: {judged.detail}"
             self._alert(tx, "alert.forged", what, dl_id, sender, judged.order_id)
         return dl_id, letter
+
+    def sender_of(self, delivery: AbstractIncomingMessage, death: Death) -> str | None:
+        """Who sent the letter's message: the broker's verified user, or, for a letter that the
+        consumer of a request queue buried itself, the sender it names, believed only from the
+        service whose queue it is (anyone else's copy is judged as theirs)."""
+        publisher = header_text(delivery.user_id, 128)
+        ours = (delivery.headers or {}).get(DEAD_HEADER)
+        kind, service = self.bus.topology.kind_of(death.queue)
+        if (isinstance(ours, dict) and kind == "action"
+                and self.directory.owns(publisher, f"{service}.")):  # fmt: skip
+            return header_text(ours.get("sender"), 128)
+        return publisher
 
     async def judge(
         self,

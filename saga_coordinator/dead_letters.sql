@@ -76,6 +76,8 @@ SELECT attempts, last_error, first_at, last_at FROM delivery_failures
 WHERE message_id = $1 AND queue = $2;
 
 -- name: failure_delete
+-- A replayed message starts afresh: its failures and its deliveries (a request queue's count).
+WITH counts AS (DELETE FROM delivery_counts WHERE message_id = $1)
 DELETE FROM delivery_failures WHERE message_id = $1;
 
 -- name: seq_of_message

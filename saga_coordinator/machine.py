@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from saga_coordinator import doubt, gates, repeats
+from saga_coordinator import doubt, gates, lost, repeats
 from saga_coordinator.authority import may_act
 from saga_coordinator.progress import (
     abort_overtaken,
@@ -319,6 +319,8 @@ def on_deadline(state: SagaState, message: DeadlineReached, now: datetime) -> Tr
         )
     ):
         return ignored(state, f"stale deadline for step {message.step}")
+    if message.lost is not None:
+        return lost.resend_lost(state, step, forward, message.lost, now)
     sends, limit = (
         (step.sends, step.max_sends)
         if forward

@@ -16,12 +16,13 @@ drift apart.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
+from saga_coordinator import lost
 from saga_coordinator.convoy import Block, OrderView
 from saga_coordinator.ports import Transaction
 from saga_coordinator.register import SagaState
@@ -274,6 +275,13 @@ class MemoryTx:
             self.undo.pop(armed, saga_id)
             fired.append(_deadline(saga_id, a, now))
         return fired
+
+    def requests_out(self, services: Collection[str]) -> list[DeadlineReached]:
+        """The requests out to ``services``, lost-marked, as ``requests_out`` and
+        ``saga_coordinator.queue_watch`` find them."""
+        return [m for saga_id, a in sorted(self.s.deadlines.items())
+                for m in lost.marked(saga_id, a.order_id, a.step, a.phase, a.key, a.attempt,
+                                     services)]  # fmt: skip
 
     def count(self, events: Sequence[Event]) -> None:
         self.events.extend(events)

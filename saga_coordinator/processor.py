@@ -34,13 +34,17 @@ _PARTITION: TypeAdapter[PartitionMessage] = PARTITION
 
 
 def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
-    """Requests to their service's queue, replies to the agent's reply queue, lifecycle events
-    to the public topic exchange under their type (those ``SAGA_EVENTS`` chose)."""
+    """Requests to their service's request queue, settles to its quorum queue, replies to the
+    agent's reply queue, lifecycle events to the public topic exchange under their type (those
+    ``SAGA_EVENTS`` chose)."""
     rows = []
     for item in transition.out:
         if isinstance(item, Reply):
             rows.append(OutboxRow.of("", item.to, item.message))
-        elif isinstance(item, ActionRequest | SettleRequest):
+        elif isinstance(item, ActionRequest):
+            key = topology.request_key(service_of(item.action))
+            rows.append(OutboxRow.of(topology.actions_exchange, key, item))
+        elif isinstance(item, SettleRequest):
             service = service_of(item.action)
             rows.append(OutboxRow.of(topology.actions_exchange, service, item))
         elif topology.publishes(item.type):

@@ -338,6 +338,13 @@ DELETE FROM parked WHERE id = $1;
 SELECT state::text FROM sagas WHERE order_id = $1 AND status = 'waiting'
 ORDER BY arrival LIMIT 1 FOR UPDATE;
 
+-- name: requests_out
+-- The steps whose request is out (an armed deadline of a forward or compensation send) to one
+-- of some services, by key patterns ('%:<service>.%'): a first cut, saga_coordinator/lost.py
+-- checks each step exactly.
+SELECT saga_id, order_id, step, phase, idempotency_key, attempt FROM deadlines
+WHERE phase IN ('forward', 'compensation') AND idempotency_key LIKE ANY ($1::text[]);
+
 -- name: deadlines_due
 SELECT saga_id, order_id, step, phase, idempotency_key, attempt FROM deadlines
 WHERE due_at <= now() ORDER BY due_at LIMIT $1 FOR UPDATE SKIP LOCKED;

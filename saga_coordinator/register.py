@@ -69,6 +69,7 @@ class StepChanges(TypedDict, total=False):
     gate_status: GateStatus
     status: StepStatus
     sends: int
+    max_sends: int  # grows by one for a send lost with its queue (saga_coordinator.lost)
     attempts: int
     result: dict[str, JsonValue] | None
     error: str | None
@@ -78,6 +79,7 @@ class StepChanges(TypedDict, total=False):
     landed_seq: int | None
     compensation_status: CompensationStatus
     compensation_sends: int
+    compensation_max_sends: int
     compensation_attempts: int
     compensation_round: int
     compensation_result: dict[str, JsonValue] | None

@@ -18,6 +18,7 @@ from aio_pika.exceptions import CONNECTION_EXCEPTIONS as AMQP_AWAY
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from saga_coordinator.dead_letters import bury_unroutable
+from saga_coordinator.sender import Recover
 from saga_coordinator.store import RELAY_LOCK, Conn, Q, Tx
 from saga_shared.config import Settings
 from saga_shared.crashpoints import crash_point
@@ -33,9 +34,12 @@ class Relay:
     """``url``: the database as the coordinator (the relay's own lock and LISTEN connections)."""
 
     def __init__(
-        self, settings: Settings, pool: asyncpg.Pool, bus: Bus, url: str | None = None
-    ) -> None:
+        self, settings: Settings, pool: asyncpg.Pool, bus: Bus, url: str | None = None,
+        recover: Recover | None = None,
+    ) -> None:  # fmt: skip
+        """``recover``: as the sender's (a request queue a publish found gone)."""
         self.settings = settings
+        self._recover = recover or (lambda _: bus.declare())
         self.pool = pool
         self.bus = bus
         self.url = url or settings.database_url
@@ -96,6 +100,13 @@ class Relay:
                 return False
             if not unroutable(exc):
                 raise
+            if self.bus.topology.is_request_route(row["exchange"], row["routing_key"]):
+                # Its queue went with its node (or a broker restart): declared again, and the
+                # row is sent in the next round; a request is never buried.
+                log.warning("outbox row %s: its request queue is gone; declaring it again: %s",
+                            row["id"], exc)  # fmt: skip
+                await self._recover({row["routing_key"].removeprefix("request.")})
+                return False
             log.error("outbox row %s cannot be routed: %s", row["id"], exc)
             await bury_unroutable(Tx(conn), row, exc)
         return True

@@ -18,21 +18,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from saga_coordinator.rows import OutboxRow
 from saga_shared.crashpoints import crash_point
-from saga_shared.transport.bus import Bus
+from saga_shared.transport.bus import Bus, Item, unroutable
 
 log = logging.getLogger(__name__)
+Recover = Callable[[Collection[str]], Awaitable[object]]
 
 
 class Sender:
     """``confirmed``: told the outbox ids of every round's confirmed rows (to delete them)."""
 
-    def __init__(self, bus: Bus, confirmed: Callable[[list[int]], None]) -> None:
+    def __init__(
+        self, bus: Bus, confirmed: Callable[[list[int]], None], recover: Recover | None = None
+    ) -> None:
+        """``recover``: told the services whose request queue a publish found gone; declares
+        them again (``QueueWatch.recover``; by default the bus declares the topology)."""
         self.bus = bus
         self._confirmed = confirmed
+        self._recover = recover or (lambda _: bus.declare())
         self._rows: list[tuple[int, OutboxRow]] = []
         self._more = asyncio.Event()
         self._idle = asyncio.Event()
@@ -76,11 +82,35 @@ class Sender:
 
     async def _publish(self, rows: list[tuple[int, OutboxRow]]) -> None:
         crash_point("coordinator.before_publish")
+        items = [(row.exchange, row.routing_key, row.amqp()) for _, row in rows]
         try:
-            errors = await self.bus.publish_many(
-                [(row.exchange, row.routing_key, row.amqp()) for _, row in rows]
-            )
+            errors = await self.bus.publish_many(items)
+            if any(errors):
+                await self._requests_again(rows, items, errors)
         except Exception as exc:  # the broker is away: the relay publishes them later
             log.warning("publishing after commit failed (%r); the relay will", exc)
             return
         self._confirmed([id_ for (id_, _), error in zip(rows, errors, strict=True) if not error])
+
+    async def _requests_again(
+        self, rows: list[tuple[int, OutboxRow]], items: Sequence[Item],
+        errors: list[BaseException | None],
+    ) -> None:  # fmt: skip
+        """Requests that came back unroutable: their queue went with its node (a request queue
+        is not durable), so it is declared again (and what went with it sent again) and they
+        are sent again at once (``errors`` updated); a request is never buried."""
+        topology = self.bus.topology
+        lost = [i for i, (error, (_, row)) in enumerate(zip(errors, rows, strict=True))
+                if error is not None and unroutable(error)
+                and topology.is_request_route(row.exchange, row.routing_key)]  # fmt: skip
+        if not lost:
+            return
+        log.warning("%d request(s) came back unroutable: declaring their queues again", len(lost))
+        try:
+            await self._recover({rows[i][1].routing_key.removeprefix("request.") for i in lost})
+            again = await self.bus.publish_many([items[i] for i in lost])
+        except Exception as exc:  # the broker is away: the relay sends them (and declares)
+            log.warning("declaring the request queues again failed (%r); the relay will", exc)
+            return
+        for i, error in zip(lost, again, strict=True):
+            errors[i] = error

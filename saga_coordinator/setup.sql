@@ -42,14 +42,18 @@ FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 WHERE n.nspname = 'public' AND pg_get_userbyid(p.proowner) <> $1;
 
 -- name: grant_roles
-SELECT saga_grant_roles($1), saga_grant_replies($1), saga_grant_presences($1);
+SELECT saga_grant_roles($1), saga_grant_replies($1), saga_grant_presences($1),
+       saga_grant_counts($1);
 
 -- name: service_grants
 -- A service of one's own: its own rows of the key record, its failed attempts, kept for the
--- dead letters; nothing of the simulated systems' tables, nothing of the coordinator's.
+-- dead letters, its requests' delivery counts; nothing of the simulated systems' tables,
+-- nothing of the coordinator's.
 SELECT format('SELECT saga_grant_keys(%L, %L)', $1::text, $2::text)
 UNION ALL
 SELECT format('GRANT SELECT, INSERT, UPDATE ON delivery_failures TO %I', $1::text)
+UNION ALL
+SELECT format('GRANT SELECT, INSERT, UPDATE, DELETE ON delivery_counts TO %I', $1::text)
 UNION ALL
 SELECT format('SELECT saga_grant_presence(%L, %L, %L)', $1::text, 'adapter', $2::text)
 UNION ALL

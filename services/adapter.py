@@ -58,6 +58,7 @@ from saga_shared.transport.delivery import Alone, BatchVerdict
 from saga_shared.transport.failures import failure_recorder
 from saga_shared.transport.linger import Linger
 from saga_shared.transport.patience import publish_in_hand
+from saga_shared.transport.poison import PgCounter, Poison
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -152,22 +153,33 @@ class Adapter:
             await self.aclose()
 
     async def _consume(self) -> None:
+        """Both of this service's queues: requests (classic, counted here), and settles and
+        requests from before 0.3 (quorum, counted by the broker)."""
         if self.bus is None or self.pool is None:
             raise RuntimeError("an adapter consumes through a bus, with a pool for its failures")
-        queue = self.bus.topology.action_queue(self.name)
-        log.info("adapter %s consuming %s", self.name, queue)
-        await self.bus.consume(
-            queue,
-            self.handle,
-            prefetch=self.settings.adapter_prefetch,
-            mode="concurrent",
-            # A request's order is not blocked until it is dead-lettered: other requests of the
-            # same order do not exist while this one is in flight (one action per saga).
-            on_failure=failure_recorder(self.pool, queue, block_order=False),
-            batch=self.handle_batch if self.settings.adapter_batch > 1 else None,
-            max_batch=self.settings.adapter_batch,
-            linger=Linger.from_settings(self.settings),
-        )
+        bus, pool = self.bus, self.pool
+        requests = bus.topology.request_queue(self.name)
+        poison = Poison(requests, self.settings.delivery_limit, PgCounter(pool),
+                        functools.partial(bus.publish_raw, mandatory=True),
+                        bus.topology.dead_letter_exchange)  # fmt: skip
+        queues = ((bus.topology.action_queue(self.name), None), (requests, poison))
+        log.info("adapter %s consuming %s", self.name, ", ".join(q for q, _ in queues))
+        async with asyncio.TaskGroup() as group:
+            for queue, guard in queues:
+                group.create_task(bus.consume(
+                    queue,
+                    self.handle,
+                    prefetch=self.settings.adapter_prefetch,
+                    mode="concurrent",
+                    # A request's order is not blocked until it is dead-lettered: other
+                    # requests of the same order do not exist while this one is in flight
+                    # (one action per saga).
+                    on_failure=failure_recorder(pool, queue, block_order=False),
+                    batch=self.handle_batch if self.settings.adapter_batch > 1 else None,
+                    max_batch=self.settings.adapter_batch,
+                    linger=Linger.from_settings(self.settings),
+                    poison=guard,
+                ))  # fmt: skip
 
     def _request(self, message: AbstractIncomingMessage) -> Incoming:
         req = decode_incoming(message, _REQUEST, self.settings.max_message_bytes)

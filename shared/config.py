@@ -140,7 +140,8 @@ class Settings(BaseSettings):
     ] = "saga"
     # Changing the partition count re-routes orders: drain the partitions first.
     partitions: Annotated[Whole, _check(lambda n: 1 <= n <= 1024, "must be between 1 and 1024")] = 8
-    # Deliveries of one message before it is dead-lettered.
+    # Deliveries of one message before it is dead-lettered: a quorum queue's x-delivery-limit;
+    # on a classic request queue the adapter counts (a message is handled at most this + 1 times).
     delivery_limit: Annotated[
         Whole, _check(lambda n: 1 <= n <= 1000, "must be between 1 and 1000")
     ] = 5

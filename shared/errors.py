@@ -22,6 +22,15 @@ class InvalidMessage(SagaError):
         self.reason = reason
 
 
+class DeliveryLimitReached(SagaError):
+    """Delivered more often than its queue's limit allows: dead-lettered, not handled again
+    (a classic queue's consumer counts, ``saga_shared.transport.poison``)."""
+
+    def __init__(self, count: int, limit: int) -> None:
+        super().__init__(f"handled {count} times, over the delivery limit of {limit}")
+        self.count = count
+
+
 class ConfigError(SagaError):
     """A setting from the environment is missing or malformed."""
 

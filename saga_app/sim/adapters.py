@@ -13,17 +13,19 @@ from typing import TYPE_CHECKING, Any, cast
 from aio_pika.abc import AbstractIncomingMessage
 
 from saga_app.sim.bus import SimBus
+from saga_app.sim.errors import ChannelGone, NotFound
 from saga_app.sim.messages import FakeDelivery
 from saga_services.adapter import Adapter
 from saga_services.sdk import Result, Service
 from saga_shared.model.messages import ActionRequest
 from saga_shared.transport.bus import Bus
 from saga_shared.transport.delivery import Handler, InHand, deliver, deliver_batch
+from saga_shared.transport.poison import Poison
 
 if TYPE_CHECKING:
     from saga_app.sim.world import World
 
-PREFETCH, BATCH = 8, 8
+PREFETCH, BATCH, WATCHDOG_S = 8, 8, 1.0
 
 
 class Watched(Service[Any]):
@@ -72,11 +74,32 @@ class AdapterProcess:
         )  # fmt: skip
         await self.adapter.open()
         self.alive = True
-        inbox: asyncio.Queue[FakeDelivery] = asyncio.Queue()
-        queue = w.topology.action_queue(self.service.name)
-        self.connection.consume(queue, inbox.put, prefetch=PREFETCH)
-        self.tasks.append(asyncio.ensure_future(self._consume(inbox)))
+        t, name = w.topology, self.service.name
+        # The request queue's deliveries are counted and buried here (the real adapter's
+        # saga_shared.transport.poison), by a counter that outlives the process, as the table does.
+        poison = Poison(t.request_queue(name), w.settings.delivery_limit, w.delivery_counts,
+                        bus.publish_raw, t.dead_letter_exchange)  # fmt: skip
+        for queue, guard in ((t.action_queue(name), None), (t.request_queue(name), poison)):
+            self.tasks.append(asyncio.ensure_future(self._subscribed(queue, guard)))
         w.note(self.name, "started")
+
+    async def _subscribed(self, queue: str, poison: Poison | None) -> None:
+        """Subscribe, and again whenever the broker cancels the consumer (its queue deleted)
+        or the queue is not there yet: the real consumer's watchdog (``consume``)."""
+        while True:
+            inbox: asyncio.Queue[FakeDelivery] = asyncio.Queue()
+            try:
+                consumer = self.connection.consume(queue, inbox.put, prefetch=PREFETCH)
+            except NotFound:
+                await asyncio.sleep(WATCHDOG_S)
+                continue
+            work = asyncio.ensure_future(self._consume(inbox, poison))
+            try:
+                # polled, as the real watchdog polls: a cancel tells the consumer nothing
+                while not consumer.closed:  # noqa: ASYNC110
+                    await asyncio.sleep(WATCHDOG_S)
+            finally:
+                work.cancel()
 
     def stop(self, why: str) -> None:
         if not self.alive:
@@ -100,8 +123,17 @@ class AdapterProcess:
     async def thawed(self) -> None:
         await self._thaw.wait()
 
-    async def _consume(self, inbox: asyncio.Queue[FakeDelivery]) -> None:
-        self.in_hand = in_hand = InHand()
+    async def _consume(self, inbox: asyncio.Queue[FakeDelivery], poison: Poison | None) -> None:
+        in_hand = InHand(poison.bury if poison is not None else None)
+        handle = self.adapter.handle_batch
+        screened = poison.screen_batch(handle) if poison is not None else handle
+
+        def alone(message: AbstractIncomingMessage, handler: Handler | None) -> None:
+            work = deliver(message, handler or self.adapter.handle, settle_with=in_hand.settle)
+            task = asyncio.ensure_future(work)
+            task.add_done_callback(self._unsettled)
+            self.tasks.append(task)
+
         while True:
             batch: list[AbstractIncomingMessage] = [await inbox.get()]
             await asyncio.sleep(0)  # what arrives together goes together
@@ -110,8 +142,12 @@ class AdapterProcess:
             await self.thawed()
             for message in batch:
                 in_hand.add(message)
-            await deliver_batch(batch, self.adapter.handle_batch, in_hand, self._alone)
+            await deliver_batch(batch, screened, in_hand, alone)
 
-    def _alone(self, message: AbstractIncomingMessage, handler: Handler | None) -> None:
-        work = deliver(message, handler or self.adapter.handle, settle_with=self.in_hand.settle)
-        self.tasks.append(asyncio.ensure_future(work))
+    def _unsettled(self, task: asyncio.Future[Any]) -> None:
+        """A delivery whose consumer the broker cancelled meanwhile (its queue deleted) cannot
+        be settled, as the real consumer's ``_unsettled`` takes it; any other failure is the
+        broker's record of a callback that raised."""
+        if task.cancelled() or isinstance(task.exception(), ChannelGone | type(None)):
+            return
+        self.world.broker.callback_done(task)

@@ -7,7 +7,9 @@ one seeded ``random.Random``.
   exchange routing ``saga.*.N`` to partition N and ``saga.*``/``dlq.*`` to the intake; the
   partitions and the intake are quorum queues with a single active consumer, an explicit
   ``x-delivery-limit`` and at-least-once dead-lettering to the fanout dead-letter exchange;
-  the action queues the same without single active consumer. The default exchange routes to
+  the action queues the same without single active consumer; the request queues classic and
+  non-durable, without a limit or dead-lettering, and ``declare`` declares again whatever of
+  the topology is missing. The default exchange routes to
   the queue named by the key. Client queues (replies, event listeners) are declared and bound
   by ``declare_client_queue`` and ``bind``.
 - **Publishing.** ``Connection.send`` raises at once while the broker is down (or the
@@ -110,15 +112,13 @@ class Broker:
         self.callback_errors: list[BaseException] = []  # consumers' callbacks that raised
         self.up = True
         self.router = Router(exchanges_of(topology), topology.bindings())
-        self.queues: dict[str, SimQueue[Consumer]] = {
-            name: SimQueue(name, args, default_limit=self.config.default_delivery_limit)
-            for name, args in queues_of(topology)
-        }
+        self.queues: dict[str, SimQueue[Consumer]] = {}
         self._mids = itertools.count(1)
         self._numbers = itertools.count(1)
         self._connections: list[Connection] = []
         # publishes sent and not arrived (a crash loses them): their message ids
         self._in_flight: dict[int, str | None] = {}
+        self.declare(first=True)
 
     # --- time and trace ------------------------------------------------------------------
     @property
@@ -166,6 +166,22 @@ class Broker:
         self._check_up()
         if name not in self.queues:
             self.queues[name] = SimQueue(name, {}, durable=durable, owner=owner)
+
+    def declare(self, *, first: bool = False) -> None:
+        """``Topology.declare``: every queue of the topology that is missing (a non-durable one
+        gone with a crash, or deleted), with its bindings; what exists is left as it is."""
+        self._check_up()
+        bindings = self.topology.bindings()
+        for name, args, durable in queues_of(self.topology):
+            if name in self.queues:
+                continue
+            limit = self.config.default_delivery_limit
+            self.queues[name] = SimQueue(name, args, durable=durable, default_limit=limit)
+            for exchange, pattern, queue in bindings:
+                if queue == name:
+                    self.router.bind(name, exchange, pattern)
+            if not first:
+                self.record("declare", name)
 
     def bind(self, queue: str, exchange: str, pattern: str) -> None:
         self._check_up()

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from saga_app.sim.clients import Connection, Publishable
+from saga_app.sim.errors import BrokerDown
 from saga_shared.config import Settings
 from saga_shared.model.messages import Envelope, Outbound
 from saga_shared.transport.codec import message_to_amqp
@@ -66,7 +67,16 @@ class SimBus:
                 results.append(exc)
         return results
 
-    async def publish_raw(self, exchange: str, routing_key: str, message: Publishable) -> None:
+    async def declare(self, *, requests: bool = True) -> None:
+        """``Bus.declare``: whatever of the topology is missing, declared again."""
+        if self.connection.closed:
+            raise BrokerDown(f"{self.connection.name}: closed")
+        self.connection.broker.declare()
+
+    async def publish_raw(
+        self, exchange: str, routing_key: str, message: Publishable, *, mandatory: bool = True
+    ) -> None:
+        """(Every publish of the project's to an exchange but the events' is mandatory.)"""
         [error] = await self.publish_many([(exchange, routing_key, message)])
         if error is not None:
             raise error

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 from aio_pika.abc import AbstractIncomingMessage
 
 from saga_app.sim.bus import SimBus
+from saga_app.sim.errors import Unroutable
 from saga_app.sim.messages import FakeDelivery
 from saga_coordinator.dead_letters import DeadLetterIngester, applied_elsewhere, read_death
 from saga_coordinator.gatekeeper import Gatekeeper, stamped
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from saga_app.sim.world import World
 
 PREFETCH = 8
-RELAY_POLL_S, RELAY_STALE_S, DEADLINE_POLL_S = 1.0, 3.0, 0.25
+RELAY_POLL_S, RELAY_STALE_S, DEADLINE_POLL_S, WATCHDOG_S = 1.0, 3.0, 0.25, 2.0
 
 
 class CoordinatorProcess:
@@ -58,6 +59,7 @@ class CoordinatorProcess:
         w = self.world
         self.connection = w.broker.connect(user=w.users.coordinator, name=self.name)
         self.bus = SimBus(self.connection, w.topology, w.settings)
+        w.broker.declare()  # the coordinator owns the topology: what is missing comes back
         self.processor = Processor(w.catalog, w.topology)
         self.gate = Gatekeeper(w.settings, w.catalog, cast(Bus, self.bus),
                                cast(Store, w.records))  # fmt: skip
@@ -72,6 +74,7 @@ class CoordinatorProcess:
         self._spawn(self._dead_letters(letters))
         self._spawn(self._timer())
         self._spawn(self._relay())
+        self._spawn(self._watch())
         w.note(self.name, "started")
 
     def _spawn(self, work: Any) -> None:
@@ -169,8 +172,42 @@ class CoordinatorProcess:
             return
         items = [(row.exchange, row.routing_key, row.amqp()) for _, row in sent]
         errors = await self.bus.publish_many(items)
+        topology = self.world.topology
+        lost = [i for i, ((_, row), error) in enumerate(zip(sent, errors, strict=True))
+                if isinstance(error, Unroutable)
+                and topology.is_request_route(row.exchange, row.routing_key)]  # fmt: skip
+        if lost:  # as saga_coordinator.sender: the request queue is declared again, sent again
+            await self._recover({sent[i][1].routing_key.removeprefix("request.") for i in lost})
+            again = await self.bus.publish_many([items[i] for i in lost])
+            for i, error in zip(lost, again, strict=True):
+                errors[i] = error
         done = [i for (i, _), error in zip(sent, errors, strict=True) if error is None]
         self.world.store.forget(done)
+
+    async def _recover(self, services: set[str]) -> None:
+        """``saga_coordinator.queue_watch.QueueWatch.recover``: the queues declared again, and
+        each request that was out to them handed a lost-marked deadline."""
+        w = self.world
+        await self.bus.declare()
+        t = w.topology
+
+        async def resend(tx: MemoryTx) -> None:
+            tx.outbox([OutboxRow.of(t.partitions_exchange, t.partition_key(m.order_id), m)
+                       for m in tx.requests_out(services)])  # fmt: skip
+
+        _, sent = await w.store.run_held(resend)
+        w.note(self.name, f"request queues of {sorted(services)} gone: {len(sent)} sent again")
+        await self._publish(sent)
+
+    async def _watch(self) -> None:
+        """``QueueWatch.run``: every request queue looked for, every watchdog period."""
+        w = self.world
+        queues = {w.topology.request_queue(s): s for s in w.topology.services}
+        while True:
+            await asyncio.sleep(WATCHDOG_S)
+            gone = {s for q, s in queues.items() if q not in w.broker.queues}
+            if gone and w.broker.up and not w.store.down():
+                await self._recover(gone)
 
     async def _relay(self) -> None:
         """Rows nobody published (a crash between commit and publish, a broker away): the
@@ -212,7 +249,8 @@ class CoordinatorProcess:
         box: list[Any] = []
 
         async def judge(tx: MemoryTx) -> None:
-            judged = await self.judge.judge(cast(Any, tx), delivery, ident, death, delivery.user_id)
+            sender = self.judge.sender_of(delivery, death)
+            judged = await self.judge.judge(cast(Any, tx), delivery, ident, death, sender)
             if await applied_elsewhere(cast(Any, tx), judged, self.processor.release, w.now()):
                 judged = replace(judged, blocks=False)
             box.append(judged)

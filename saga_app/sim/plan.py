@@ -13,7 +13,9 @@ from typing import Literal
 from pydantic import JsonValue
 
 Gate = Literal["approve", "reject", "agent_first", "none"]
-FaultKind = Literal["crash", "point", "freeze", "broker", "database"]
+# "queues": every request queue lost at once, as its node going down loses it (deleted), or
+# emptied (a confirmed message lost from a queue that survives).
+FaultKind = Literal["crash", "point", "freeze", "broker", "database", "queues"]
 SAGAS = ("refund", "refund", "checkout", "checkout_approved", "refund_by_text")
 # Faults a system may have for one order: (action, mode), modes as `saga faults add` takes them.
 SYSTEM_FAULTS: tuple[tuple[str, str], ...] = (
@@ -104,6 +106,8 @@ def generate(seed: int, sagas: int, *, faults: bool = True, agents: int = 4) -> 
     if faults:  # drawn from a stream of their own: a seed's other draws stay as they were
         points = random.Random(f"{seed}/points")
         world += [_point_fault(points, span) for _ in range(max(1, int(span / 8)))]
+        lost = random.Random(f"{seed}/queues")
+        world += [_queue_fault(lost, span) for _ in range(max(1, int(span / 10)))]
     return Plan(
         seed=seed, sagas=tuple(sorted(planned, key=lambda s: (s.at, s.number))),
         faults=tuple(sorted(world, key=lambda f: f.at)), forgeries=3 if faults else 0,
@@ -156,6 +160,10 @@ def _world_fault(rng: random.Random, span: float) -> Fault:
         target = rng.choice(["email-0", "email-1", "sms-0", "erp-0"])
         return Fault(at, kind, target, rng.uniform(2.0, 45.0))
     return Fault(at, kind, "", rng.uniform(0.5, 4.0))
+
+
+def _queue_fault(rng: random.Random, span: float) -> Fault:
+    return Fault(rng.uniform(1.0, span), "queues", rng.choice(["deleted", "emptied"]), 0.0)
 
 
 def _point_fault(rng: random.Random, span: float) -> Fault:

@@ -103,16 +103,20 @@ def exchanges_of(topology: Topology) -> dict[str, str]:
     }
 
 
-def queues_of(topology: Topology) -> list[tuple[str, dict[str, Any]]]:
-    """Each durable queue and the arguments ``Topology.declare`` declares it with."""
+def queues_of(topology: Topology) -> list[tuple[str, dict[str, Any], bool]]:
+    """Each queue of the topology, the arguments ``Topology.declare`` declares it with, and
+    whether it is durable (the request queues are not)."""
     out = []
     for name in topology.all_queues():
         kind, _ = topology.kind_of(name)
+        if topology.is_request_queue(name):
+            out.append((name, topology.request_queue_args(), False))
+            continue
         if kind in ("intake", "partition", "action"):
             args = topology._work_queue_args(single_active=kind != "action")
         else:
             args = topology._quorum_args()
-        out.append((name, args))
+        out.append((name, args, True))
     return out
 
 

@@ -84,6 +84,9 @@ async def fault(world: World, f: Fault) -> None:
         world.store.down_until = asyncio.get_running_loop().time() + f.for_s
         world.note("database", f"away for {f.for_s:.1f}s")
         return
+    if f.kind == "queues":
+        lose_requests(world, deleted=f.target == "deleted")
+        return
     if f.kind == "broker":
         world.note("broker", f"crashed, down for {f.for_s:.1f}s")
         world.broker.crash()
@@ -108,6 +111,23 @@ async def fault(world: World, f: Fault) -> None:
         return
     process.stop("killed")
     await restart(world, process, f.for_s)
+
+
+def lose_requests(world: World, *, deleted: bool) -> None:
+    """Every request queue lost at this instant (what is in it and in its consumers' hands):
+    deleted with its node (consumers cancelled; declared again by the next publish that comes
+    back), or emptied while it survives."""
+    broker, t = world.broker, world.topology
+    if not broker.up:
+        return
+    for name in [n for n in list(broker.queues) if t.is_request_queue(n)]:
+        if deleted:
+            broker.delete_queue(name)
+        else:
+            queue = broker.queues[name]
+            for stored in queue.keep_only(lambda _: False):
+                broker.record("lost", name, stored, "lost from a queue that survives")
+    world.note("broker", f"request queues {'deleted' if deleted else 'emptied'}")
 
 
 async def restart(

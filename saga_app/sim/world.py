@@ -42,6 +42,7 @@ from saga_shared.model.messages import (
 )
 from saga_shared.security.identity import Directory
 from saga_shared.transport.codec import Identity
+from saga_shared.transport.poison import MemoryCounter
 from saga_shared.transport.topology import Topology
 
 
@@ -134,6 +135,7 @@ class World:
         served = {**{n: s for n, s in SYSTEMS.items() if n in self.catalog.services}, **served}
         self.keys = {name: MemoryKeys(virtual_now, atomic=service.atomic)
                      for name, service in served.items()}  # fmt: skip
+        self.delivery_counts = MemoryCounter()  # delivery_counts: the request queues' limits
         self.sagas = {s.saga_id: s for s in plan.sagas}
         self.sabotaged: Counter[str] = Counter()
         self.coordinators = [CoordinatorProcess(self, i) for i in range(plan.coordinators)]

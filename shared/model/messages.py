@@ -22,6 +22,7 @@ Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za
 ActionName = Annotated[
     str, Field(min_length=3, max_length=128, pattern=r"^[a-z0-9_]+\.[a-z0-9_]+$")
 ]
+ServiceName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[a-z0-9_]+$")]
 ParamName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 Params = Annotated[dict[ParamName, JsonValue], Field(max_length=64)]
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=300, pattern=r"^[A-Za-z0-9_.:@-]+$")]
@@ -340,6 +341,10 @@ class DeadlineReached(Envelope):
     phase: Literal["forward", "compensation", "gate", "settle"]
     idempotency_key: IdempotencyKey
     attempt: Count
+    # Not a deadline: this service's request queue was found gone (with its node, a broker
+    # restart), and this send may have gone with it. Sent again at once, not counted against
+    # the step's sends (saga_coordinator.lost).
+    lost: ServiceName | None = None
 
 
 PartitionMessage = Annotated[

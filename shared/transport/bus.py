@@ -98,10 +98,10 @@ class Bus:
             raise RuntimeError("Bus is not connected")
         return self._connection
 
-    async def declare(self) -> None:
+    async def declare(self, *, requests: bool = True) -> None:
         channel = await self.connection.channel()
         try:
-            await self.topology.declare(channel)
+            await self.topology.declare(channel, requests=requests)
         finally:
             await channel.close()
 
@@ -126,6 +126,24 @@ class Bus:
             if channel is not None and not channel.is_closed:
                 await channel.close()
         return found
+
+    async def missing(self, names: Sequence[str]) -> list[str]:
+        """The queues of ``names`` the broker says do not exist (a passive declare answered
+        NOT_FOUND); any other failure raises: a queue that did not answer is not called gone."""
+        gone: list[str] = []
+        channel: AbstractChannel | None = None
+        try:
+            for name in names:
+                if channel is None or channel.is_closed:
+                    channel = await self.connection.channel()
+                try:
+                    await channel.declare_queue(name, passive=True, timeout=5)
+                except aiormq.exceptions.ChannelNotFoundEntity:
+                    gone.append(name)  # the broker closed the channel: the next one opens anew
+        finally:
+            if channel is not None and not channel.is_closed:
+                await channel.close()
+        return gone
 
     async def _channel(self) -> tuple[AbstractChannel, aiormq.Channel]:
         """The publishing channel, and aiormq's channel under it."""

@@ -30,6 +30,10 @@ COMMANDS: TypeAdapter[Command] = TypeAdapter(Command)
 PARTITION: TypeAdapter[PartitionMessage] = TypeAdapter(PartitionMessage)
 CONTENT_TYPE = "application/json"
 PERSISTENT = 2  # AMQP delivery mode: the broker writes the message to disk
+TRANSIENT = 1
+# Kept by the register and sent again by its deadline: nothing is lost with the broker's copy
+# (saga_shared.transport.topology, request queues).
+TRANSIENT_TYPES = frozenset({"action.request"})
 
 # The shape any body must keep to. Real messages are a few levels deep and a few dozen values;
 # these bounds leave room and stop a hostile body long before it costs anything.
@@ -80,7 +84,7 @@ def to_amqp(
         body,
         pamqp.commands.Basic.Properties(
             content_type=CONTENT_TYPE,
-            delivery_mode=PERSISTENT,
+            delivery_mode=TRANSIENT if message_type in TRANSIENT_TYPES else PERSISTENT,
             message_id=message_id,
             message_type=message_type,
             headers={"x-order-id": order_id, **(headers or {})},

@@ -21,6 +21,7 @@ from saga_shared.observability.flow import FLOW
 from saga_shared.transport.delivery import (
     Acks,
     BatchHandler,
+    Bury,
     FailureHook,
     Handler,
     InHand,
@@ -29,6 +30,7 @@ from saga_shared.transport.delivery import (
     deliver_batch,
 )
 from saga_shared.transport.linger import NEVER, Linger
+from saga_shared.transport.poison import Poison
 
 if TYPE_CHECKING:
     from saga_shared.transport.bus import Bus
@@ -74,6 +76,7 @@ async def consume(
     together: Together | None = None,
     depth: int = 1,
     linger: Linger = NEVER,
+    poison: Poison | None = None,
 ) -> None:
     """Consume until cancelled. ``sequential`` handles one delivery at a time in queue order
     (aio-pika would otherwise run one task per delivery and lose the order).
@@ -91,6 +94,9 @@ async def consume(
     ``max_batch``), which ``batch`` handles in one go; what it hands back ``Alone`` runs on
     its own through ``handler``.
 
+    ``poison`` (concurrent mode only): the queue keeps no delivery limit and does no
+    dead-lettering of its own (a classic queue); ``poison`` counts and buries instead.
+
     A watchdog notices when the broker cancels the consumer (its queue was deleted, a node
     failed over) and subscribes again, re-declaring the topology first: a consumer that the
     server dropped never silently stops the component."""
@@ -100,6 +106,13 @@ async def consume(
         metrics.CONSUMER_RESTARTS.labels(queue_name).inc()
         log.warning("consumer of %s lost (%r); subscribing again", queue_name, exc)
 
+    if poison is not None:
+        if mode != "concurrent":
+            raise ValueError("a poison guard serves a concurrent consumer")
+        if batch is not None:  # a batch's Alone deliveries were counted with their batch
+            batch = poison.screen_batch(batch)
+        else:
+            handler = poison.screen(handler)
     # The series exists from the start, at 0: increase() then sees the first restart too.
     metrics.CONSUMER_RESTARTS.labels(queue_name)
     # A lost connection or channel surfaces in many types: every one means subscribe again.
@@ -112,10 +125,11 @@ async def consume(
         with attempt:
             if attempt.retry_state.attempt_number > 1:
                 with contextlib.suppress(Exception):  # the broker may still be away
-                    await bus.declare()
+                    await bus.declare(requests=False)  # those are the coordinator's to find
             subscription = _Subscription(
-                bus, queue_name, handler, prefetch, mode, on_failure, batch, linger
-            )
+                bus, queue_name, handler, prefetch, mode, on_failure, batch, linger,
+                bury=poison.bury if poison is not None else None,
+            )  # fmt: skip
             await subscription.run(together, max_batch, depth)
             raise ConsumerLost(f"the consumer of {queue_name} stopped")
 
@@ -133,6 +147,7 @@ class _Subscription:
         on_failure: FailureHook | None,
         batch: BatchHandler | None,
         linger: Linger = NEVER,
+        bury: Bury | None = None,
     ) -> None:
         self.bus = bus
         self.queue_name = queue_name
@@ -147,7 +162,7 @@ class _Subscription:
         self.failed: BaseException | None = None
         self.in_hand: set[asyncio.Future[object]] = set()
         self.acks = Acks(self._waiting) if mode == "sequential" else None
-        self.unsettled = InHand()
+        self.unsettled = InHand(bury)
         self.batch = batch
         self.linger = linger
 

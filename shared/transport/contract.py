@@ -178,17 +178,27 @@ def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
                 "bindings": bindings,
             },
             **{
+                f"{t.actions_exchange}/{t.request_key(service)}": {
+                    "description": f"Action requests for the {service} adapter (direct "
+                    f"exchange; transient, through the classic queue {t.request_queue(service)},"
+                    " sent again by the coordinator when lost).",
+                    "subscribe": {"message": _message("action.request", "Perform one action")},
+                }
+                for service in SERVICES
+            },
+            **{
                 f"{t.actions_exchange}/{service}": {
-                    "description": f"Action requests and settles for the {service} adapter "
-                    "(direct exchange).",
+                    "description": f"Settles for the {service} adapter (direct exchange; the "
+                    f"quorum queue {t.action_queue(service)}), and action requests published "
+                    "by a coordinator older than 0.3.",
                     "subscribe": {
                         "message": {
                             "oneOf": [
-                                _message("action.request", "Perform one action"),
                                 _message(
                                     "action.settle",
                                     "Say which way a key went; fence it if nobody claimed it",
                                 ),
+                                _message("action.request", "Perform one action"),
                             ]
                         }
                     },

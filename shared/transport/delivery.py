@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from aio_pika.abc import AbstractIncomingMessage
 
-from saga_shared.errors import InvalidMessage, RetryLater
+from saga_shared.errors import DeliveryLimitReached, InvalidMessage, RetryLater
 from saga_shared.model.text import header_text
 from saga_shared.observability.logs import context
 
@@ -35,7 +35,7 @@ class Outcome(StrEnum):
 def decide(error: BaseException | None) -> Outcome:
     if error is None:
         return Outcome.ACK
-    if isinstance(error, InvalidMessage):
+    if isinstance(error, InvalidMessage | DeliveryLimitReached):
         return Outcome.DEAD_LETTER
     if isinstance(error, RetryLater):
         return Outcome.RETRY
@@ -43,11 +43,21 @@ def decide(error: BaseException | None) -> Outcome:
     return Outcome.RETRY
 
 
-async def settle(message: AbstractIncomingMessage, outcome: Outcome) -> None:
+# A queue that does not dead-letter for itself (a classic queue): publishes the message to the
+# dead letters with a confirm (saga_shared.transport.poison.Poison.bury); the ack follows.
+Bury = Callable[[AbstractIncomingMessage], Awaitable[None]]
+
+
+async def settle(
+    message: AbstractIncomingMessage, outcome: Outcome, bury: Bury | None = None
+) -> None:
     if outcome is Outcome.ACK:
         await message.ack()
     elif outcome is Outcome.RETRY:
         await message.reject(requeue=True)
+    elif bury is not None:
+        await bury(message)
+        await message.ack()
     else:
         await message.reject(requeue=False)
 
@@ -90,7 +100,7 @@ def _judge(message: AbstractIncomingMessage, exc: Exception) -> Outcome:
     to the dead letters (or at DEBUG): a retried delivery is not an 80-line event."""
     outcome = decide(exc)
     retried = outcome is Outcome.RETRY
-    traceback = not isinstance(exc, InvalidMessage | RetryLater) and (
+    traceback = not isinstance(exc, InvalidMessage | RetryLater | DeliveryLimitReached) and (
         not retried or log.isEnabledFor(logging.DEBUG)
     )
     headers = message.headers or {}
@@ -161,15 +171,16 @@ class InHand:
     """The deliveries of one consumer's channel not yet settled, so that one ack with
     ``multiple=True`` is sent only when it covers nothing but the acks it stands for."""
 
-    def __init__(self) -> None:
+    def __init__(self, bury: Bury | None = None) -> None:
         self._tags: set[int] = set()
+        self.bury = bury
 
     def add(self, message: AbstractIncomingMessage) -> None:
         self._tags.add(message.delivery_tag or 0)
 
     async def settle(self, message: AbstractIncomingMessage, outcome: Outcome) -> None:
         self._tags.discard(message.delivery_tag or 0)
-        await settle(message, outcome)
+        await settle(message, outcome, self.bury)
 
     async def ack_all(self, messages: Sequence[AbstractIncomingMessage]) -> None:
         tags = {m.delivery_tag or 0 for m in messages}

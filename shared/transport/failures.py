@@ -9,7 +9,7 @@ from pathlib import Path
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
 
-from saga_shared.errors import InvalidMessage, RetryLater
+from saga_shared.errors import DeliveryLimitReached, InvalidMessage, RetryLater
 from saga_shared.model.text import clean
 from saga_shared.storage.sql import Queries, holding
 from saga_shared.transport.codec import identify_incoming
@@ -40,6 +40,8 @@ def failure_recorder(
     async def on_failure(
         message: AbstractIncomingMessage, error: BaseException, outcome: Outcome
     ) -> None:
+        if isinstance(error, DeliveryLimitReached):
+            return  # not a try of its own: the dead letter says why the last try failed
         ident = identify_incoming(message)
         text = clean(f"{type(error).__name__}: {error}", 2000)
         blocks = block_order and outcome is Outcome.RETRY and ident.order_id is not None

@@ -3,6 +3,14 @@
 Ordering per order comes from the application, not the broker: ``crc32(order_id) % N`` picks one
 of N quorum queues with a single active consumer (the consistent-hash exchange may move a key to
 another queue after a node restart, so it is not used).
+
+What nothing else remembers travels through quorum queues: commands, outcomes, settle requests,
+dead letters. An action request is remembered by the register (written before it leaves, sent
+again by its deadline), so it travels as a transient message through a classic, non-durable
+queue per service (``request_queue``): no Raft write, no fsync. Losing such a queue (a broker
+restart; on a cluster, its node) loses only requests the deadlines send again; a publish meanwhile
+comes back unroutable, and the coordinator declares the queue again and sends once more (docs:
+explanation/design.md, "Two kinds of queue").
 """
 
 from __future__ import annotations
@@ -98,7 +106,22 @@ class Topology:
         return f"{self.namespace}.actions"
 
     def action_queue(self, service: str) -> str:
+        """A service's quorum queue: its settle requests (and requests sent before 0.3)."""
         return f"{self.namespace}.action.{service}"
+
+    def request_queue(self, service: str) -> str:
+        """A service's classic queue of action requests (transient, declared on every connect)."""
+        return f"{self.namespace}.request.{service}"
+
+    @staticmethod
+    def request_key(service: str) -> str:
+        """The routing key of a service's action requests on the actions exchange."""
+        return f"request.{service}"
+
+    def is_request_route(self, exchange: str, routing_key: str) -> bool:
+        """Whether a publish goes to a request queue: unroutable, it is sent again, never
+        buried (its queue was lost with its node and is being declared again)."""
+        return exchange == self.actions_exchange and routing_key.startswith("request.")
 
     @property
     def events_exchange(self) -> str:
@@ -123,22 +146,27 @@ class Topology:
             self.intake_queue,
             *(self.partition_queue(i) for i in range(self.partitions)),
             *(self.action_queue(s) for s in self.services),
+            *(self.request_queue(s) for s in self.services),
             self.dead_letter_queue,
             self.last_resort_queue,
         ]
 
     def kind_of(self, queue: str | None) -> tuple[str, int | str | None]:
         """What a queue of this namespace is: ("intake", None), ("partition", index),
-        ("action", service), or ("other", None)."""
+        ("action", service) (its request queue too: the same messages, the same checks), or
+        ("other", None)."""
         if queue == self.intake_queue:
             return "intake", None
         prefix = f"{self.namespace}.partition."
         if queue and queue.startswith(prefix) and queue[len(prefix) :].isdigit():
             return "partition", int(queue[len(prefix) :])
-        actions = f"{self.namespace}.action."
-        if queue and queue.startswith(actions) and len(queue) > len(actions):
-            return "action", queue[len(actions) :]
+        for prefix in (f"{self.namespace}.action.", f"{self.namespace}.request."):
+            if queue and queue.startswith(prefix) and len(queue) > len(prefix):
+                return "action", queue[len(prefix) :]
         return "other", None
+
+    def is_request_queue(self, queue: str) -> bool:
+        return queue.startswith(f"{self.namespace}.request.")
 
     def all_exchanges(self) -> list[str]:
         return [
@@ -170,6 +198,14 @@ class Topology:
             args["x-single-active-consumer"] = True
         return args
 
+    @staticmethod
+    def request_queue_args() -> dict[str, Any]:
+        # Classic, stated: a policy or a default queue type must not make it quorum. No
+        # dead-letter arguments: a classic queue's dead-lettering is at-most-once and it has no
+        # delivery limit, so the adapter counts deliveries and dead-letters itself
+        # (saga_shared.transport.poison).
+        return {"x-queue-type": "classic"}
+
     def bindings(self) -> list[tuple[str, str, str]]:
         """Every (exchange, routing key, queue) binding of the work queues: what ``declare``
         binds, and what the in-memory bus routes by."""
@@ -179,10 +215,17 @@ class Topology:
             queue = self.partition_queue(index)
             out += [(partitions, str(index), queue), (commands, f"saga.*.{index}", queue)]
         out += [(self.actions_exchange, s, self.action_queue(s)) for s in self.services]
+        out += [
+            (self.actions_exchange, self.request_key(s), self.request_queue(s))
+            for s in self.services
+        ]
         out.append((self.dead_letter_exchange, "#", self.dead_letter_queue))
         return out
 
-    async def declare(self, channel: AbstractChannel) -> None:
+    async def declare(self, channel: AbstractChannel, *, requests: bool = True) -> None:
+        """Everything, idempotently; ``requests=False``: not the request queues (a consumer
+        subscribing again leaves them to the coordinator, whose watch must see one gone to send
+        again what went with it: ``saga_coordinator.queue_watch``)."""
         commands = await channel.declare_exchange(
             self.commands_exchange, ExchangeType.TOPIC, durable=True
         )
@@ -232,6 +275,17 @@ class Topology:
                 arguments=self._work_queue_args(single_active=False),
             )
             await queue.bind(actions, routing_key=service)
+            if requests:
+                await self.declare_requests(channel, service)
+
+    async def declare_requests(self, channel: AbstractChannel, service: str) -> None:
+        """A service's request queue: non-durable, so a node that goes down takes it away
+        (publishes come back unroutable, and are sent again), where a durable classic queue would
+        stay down with its node."""
+        queue = await channel.declare_queue(
+            self.request_queue(service), durable=False, arguments=self.request_queue_args()
+        )
+        await queue.bind(self.actions_exchange, routing_key=self.request_key(service))
 
     async def delete(self, channel: AbstractChannel) -> None:
         """Remove everything (tests clean up after themselves)."""

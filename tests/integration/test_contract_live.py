@@ -39,6 +39,7 @@ async def test_captured_messages_validate_against_the_exported_schemas(
     await tap.bind(t.events_exchange, routing_key="#")
     for service in t.services:
         await tap.bind(t.actions_exchange, routing_key=service)
+        await tap.bind(t.actions_exchange, routing_key=t.request_key(service))
     for index in range(t.partitions):
         await tap.bind(t.partitions_exchange, routing_key=str(index))
 

@@ -188,7 +188,7 @@ async def test_the_new_service_runs_on_its_own_accounts_in_roles_mode(
     assert outcome.status == "completed"
     assert {"coordinator", "warehouse"} <= beats
     assert [(c["system"], c["outcome"]) for c in effects["calls"]] == [("warehouse", "done")]
-    assert permitted.read == rf"^{settings.namespace}\.action\.warehouse$"
+    assert permitted.read == rf"^{settings.namespace}\.(action|request)\.warehouse$"
     assert (may_write, may_touch_sagas, may_take_faults) == (True, False, True)
 
 

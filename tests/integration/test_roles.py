@@ -37,6 +37,18 @@ def _bare(message: ActionDone | ActionRequest) -> aio_pika.Message:
     )  # fmt: skip
 
 
+async def publish_unsigned(stack: Stack, request: ActionRequest, routing_key: str) -> None:
+    """``request`` on the actions exchange from the coordinator's own account, but without a
+    ``user_id`` (aio-pika's exchange sets none)."""
+    connection = await aio_pika.connect(stack.bus.url)
+    try:
+        channel = await connection.channel(publisher_confirms=True)
+        exchange = await channel.get_exchange(stack.bus.topology.actions_exchange)
+        await exchange.publish(_bare(request), routing_key, timeout=10)
+    finally:
+        await connection.close()
+
+
 class As:
     """``async with As(settings, user) as (bus, client)``: a client on that user's account."""
 
@@ -252,13 +264,7 @@ async def test_a_request_that_did_not_come_from_the_coordinator_sends_no_email(
     )  # fmt: skip
     # Only the coordinator may write to the actions exchange; without a user_id even its own
     # account is not believed.
-    connection = await aio_pika.connect(role_stack.bus.url)
-    try:
-        channel = await connection.channel(publisher_confirms=True)
-        exchange = await channel.get_exchange(f"{role_settings.namespace}.actions")
-        await exchange.publish(_bare(request), "email", timeout=10)
-    finally:
-        await connection.close()
+    await publish_unsigned(role_stack, request, "email")
 
     [dead] = await eventually(lambda: dead_letters(pool, order_id), lambda rows: len(rows) == 1)
     assert dead["reason"] == "forged" and dead["blocks_order"] is False

@@ -113,3 +113,68 @@ def test_a_deadline_after_the_step_finished_is_ignored() -> None:
 
     assert t.changed is False
     assert d.st == before
+
+
+# --- a request lost with its queue (saga_coordinator.lost) ------------------------------------
+
+
+def lost(req: ActionRequest, service: str) -> DeadlineReached:
+    return deadline(req).model_copy(update={"lost": service})
+
+
+def test_a_request_lost_with_its_queue_is_sent_again_at_once_without_using_a_send() -> None:
+    d = started()
+    first = d.last_request  # inventory.reserve_stock, send 1 of 3
+
+    t = d.feed(lost(first, "inventory"))
+
+    [again] = requests_of(t)
+    assert (again.idempotency_key, again.attempt) == (first.idempotency_key, 2)
+    assert (d.step(0).sends, d.step(0).max_sends) == (2, 4)  # the budget grew with it
+    assert "step.resent" in event_types(t)
+    # Two more sends by deadline, then the step gives up: three counted, as without the loss.
+    for _ in range(2):
+        d.feed(deadline(d.last_request))
+    assert d.step(0).status == "running" and d.step(0).sends == 4
+    d.feed(deadline(d.last_request))
+    assert (d.step(0).status, d.step(0).effect_unknown) == ("failed", True)
+
+
+def test_a_lost_mark_twice_for_one_send_resends_once() -> None:
+    """Two coordinators found the same loss: the second mark names a send already replaced."""
+    d = started()
+    first = d.last_request
+    d.feed(lost(first, "inventory"))
+    before = d.st
+
+    t = d.feed(lost(first, "inventory"))
+
+    assert t.changed is False and t.out == ()
+    assert d.st == before
+
+
+def test_a_lost_mark_for_another_service_or_a_finished_step_changes_nothing() -> None:
+    d = started()
+    first = d.last_request
+    before = d.st
+    t = d.feed(lost(first, "erp"))  # the step's request is out to inventory, not erp
+    assert t.changed is False and d.st == before
+
+    d.done()
+    after = d.st
+    t = d.feed(lost(first, "inventory"))
+    assert t.changed is False and d.st == after
+
+
+def test_a_lost_compensation_is_sent_again_without_using_a_send() -> None:
+    d = started()
+    d.done()
+    d.fail("erp down")
+    undo = d.last_request  # inventory.release_stock
+    limit = d.step(0).compensation_max_sends
+
+    t = d.feed(lost(undo, "inventory"))
+
+    [again] = requests_of(t)
+    assert (again.idempotency_key, again.attempt) == (undo.idempotency_key, 2)
+    assert d.step(0).compensation_max_sends == limit + 1

@@ -7,9 +7,13 @@ import asyncio
 from collections.abc import Sequence
 from typing import cast
 
+import aiormq
+import pamqp.commands
+
 from saga_coordinator.rows import OutboxRow
 from saga_coordinator.sender import Sender
 from saga_shared.transport.bus import Bus, Item
+from saga_shared.transport.topology import Topology
 
 
 class SlowBus:
@@ -99,3 +103,63 @@ async def test_rows_handed_in_after_the_stop_are_left_to_the_relay() -> None:
     await asyncio.wait_for(sender.room(1), 1)
     await asyncio.wait_for(sender.settled(), 1)
     assert bus.rounds == []
+
+
+RETURNED = aiormq.exceptions.DeliveryError(
+    None, pamqp.commands.Basic.Return(reply_code=312, reply_text="NO_ROUTE", exchange="t.actions")
+)
+
+
+class LosingBus:
+    """A broker whose request queue went with its node: a request comes back unroutable until
+    the topology is declared again (as RabbitMQ returns a mandatory publish no queue takes)."""
+
+    def __init__(self, *, declare_fails: bool = False) -> None:
+        self.topology = Topology("t", 4, 5, declared_services=("inventory",))
+        self.declared = 0
+        self.declare_fails = declare_fails
+        self.rounds: list[list[str | None]] = []
+
+    async def declare(self) -> None:
+        if self.declare_fails:
+            raise ConnectionError("the broker is away")
+        self.declared += 1
+
+    async def publish_many(self, items: Sequence[Item]) -> list[BaseException | None]:
+        self.rounds.append([message.properties.message_id for _, _, message in items])
+        return [RETURNED if not self.declared and key.startswith("request.") else None
+                for _, key, _ in items]  # fmt: skip
+
+
+def request_rows() -> list[tuple[int, OutboxRow]]:
+    t = Topology("t", 4, 5, declared_services=("inventory",))
+    return [
+        (1, OutboxRow(t.actions_exchange, "request.inventory", "r1", "action.request", "o", b"{}")),
+        (2, OutboxRow(t.events_exchange, "step.started", "e1", "step.started", "o", b"{}")),
+        (3, OutboxRow(t.actions_exchange, "inventory", "s1", "action.settle", "o", b"{}")),
+    ]
+
+
+async def test_a_request_back_unroutable_is_sent_again_once_its_queue_is_declared() -> None:
+    bus, confirmed = LosingBus(), list[int]()
+    sender = Sender(cast(Bus, bus), confirmed.extend)
+    task = asyncio.create_task(sender.run())
+    sender.send(request_rows())
+    await sender.settled()
+    task.cancel()
+
+    assert bus.declared == 1
+    assert bus.rounds == [["r1", "e1", "s1"], ["r1"]]  # only the request again
+    assert sorted(confirmed) == [1, 2, 3]  # none left to the relay, none buried
+
+
+async def test_a_request_queue_that_cannot_be_declared_leaves_the_request_to_the_relay() -> None:
+    bus, confirmed = LosingBus(declare_fails=True), list[int]()
+    sender = Sender(cast(Bus, bus), confirmed.extend)
+    task = asyncio.create_task(sender.run())
+    sender.send(request_rows())
+    await sender.settled()
+    task.cancel()
+
+    assert bus.rounds == [["r1", "e1", "s1"]]
+    assert sorted(confirmed) == [2, 3]  # the request stays in the outbox, for the relay

@@ -1,0 +1,75 @@
+"""Finds a request queue gone, and what may have gone with it (the decision: ``lost``).
+
+A request queue is classic and not durable (``Topology.request_queue``): a broker restart, or on
+a cluster its node going down, deletes it with the requests in it. AMQP tells a publisher nothing
+of it until a publish comes back unroutable, and nothing at all when no publish comes; so every
+coordinator looks for its request queues every ``SAGA_WATCHDOG_S`` (a passive declare each) and,
+for one that is gone, as for a publish that came back: declares the topology again, then hands
+each step whose request was out to that service a lost-marked ``saga.deadline`` through its
+order's partition, in the same transaction as nothing else (the outbox; the relay publishes).
+Two coordinators finding the same loss send two such messages for a step: the second finds its
+send number stale and is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection
+
+from saga_coordinator.lost import marked
+from saga_coordinator.rows import OutboxRow
+from saga_coordinator.store import Q, Store, Tx
+from saga_shared.config import Settings
+from saga_shared.transport.bus import Bus
+
+log = logging.getLogger(__name__)
+
+
+class QueueWatch:
+    def __init__(self, settings: Settings, bus: Bus, store: Store) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.store = store
+
+    async def recover(self, services: Collection[str]) -> int:
+        """``services``' request queues were found gone: declare them again, then send again
+        what was out to them. How many steps were handed a resend."""
+        await self.bus.declare()
+        sent = await self.store.run(lambda tx: self._resend(tx, services))
+        log.warning("request queue(s) of %s were gone: declared again, %d request(s) sent again",
+                    ", ".join(sorted(services)), sent)  # fmt: skip
+        return sent
+
+    async def _resend(self, tx: Tx, services: Collection[str]) -> int:
+        t = self.bus.topology
+        patterns = [f"%:{s}.%" for s in services]
+        out = [
+            OutboxRow.of(t.partitions_exchange, t.partition_key(message.order_id), message)
+            for row in await tx.conn.fetch(Q.requests_out, patterns)
+            for message in marked(
+                row["saga_id"],
+                row["order_id"],
+                row["step"],
+                row["phase"],
+                row["idempotency_key"],
+                row["attempt"],
+                services,
+            )
+        ]
+        tx.outbox(out)
+        return len(out)
+
+    async def run(self) -> None:
+        t = self.bus.topology
+        queues = {t.request_queue(s): s for s in t.services}
+        while True:
+            await asyncio.sleep(self.settings.watchdog_s)
+            try:
+                gone = await self.bus.missing(list(queues))
+                if gone:
+                    await self.recover({queues[q] for q in gone})
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the broker or the database away: look again later
+                log.warning("could not look for the request queues: %r", exc)
