@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from benchmarks.accounts import roles_run
 from benchmarks.load import Mix, inject_faults, new_run_id, run_load
 from benchmarks.profile import Profile, record
 from saga_shared.config import Settings
@@ -148,6 +149,9 @@ async def _start_processes(
         "SAGA_NAMESPACE": settings.namespace,
         "SAGA_PARTITIONS": str(settings.partitions),
         "SAGA_IDENTITY": settings.identity,
+        "SAGA_USER_PREFIX": settings.user_prefix,
+        "SAGA_AGENTS": settings.agents,
+        "SAGA_SECRETS_DIR": settings.secrets_dir,
         "SAGA_LOG_LEVEL": "WARNING",
     }
     # Each coordinator takes its share of the partitions and stands by for the others.
@@ -192,7 +196,7 @@ async def _counters(database_url: str) -> dict[str, int]:
 
 def settings_for_run(base: Settings, run: str) -> Settings:
     parts = urlsplit(base.database_url)
-    # One broker account for the whole run: the machine's guest user on its own vhost.
+    # In shared identity, one broker account for the whole run: the machine's guest user.
     return base.with_(
         namespace=f"bench-{run}",
         database_url=urlunsplit(parts._replace(path=f"/saga_bench_{run}")),
@@ -243,7 +247,13 @@ async def run_growth(
 
 @contextlib.asynccontextmanager
 async def _fresh(base: Settings) -> AsyncIterator[Settings]:
+    """A run's own namespace and database; in ``roles`` identity (``SAGA_IDENTITY=roles``),
+    its own vhost and accounts too (``benchmarks.accounts``)."""
     settings = settings_for_run(base, new_run_id())
+    if base.identity == "roles":
+        async with roles_run(settings) as roles:
+            yield roles
+        return
     await migrate(settings.database_url)
     try:
         async with Bus(settings) as bus:

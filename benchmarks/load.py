@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 import asyncpg
-from aio_pika.abc import AbstractIncomingMessage, ExchangeType
+from aio_pika.abc import AbstractIncomingMessage
 from pydantic import BaseModel, JsonValue, TypeAdapter
 
 from saga_services.faults import add_fault
 from saga_shared.config import Settings
 from saga_shared.model.messages import StartSaga
+from saga_shared.security.identity import Directory
 from saga_shared.transport.bus import Bus
 
 Mix = Literal["mixed", "refund"]
@@ -71,11 +72,12 @@ async def inject_faults(database_url: str, run: str, sagas: int, mix: Mix) -> No
 
 
 async def run_load(settings: Settings, run: str, sagas: int, concurrency: int, mix: Mix) -> Load:
-    async with Bus(settings) as bus:
+    # In roles identity, as the agent's account: it may not declare the events exchange, only
+    # listen on a queue of its own.
+    agent = Directory.from_settings(settings).agent_user if settings.identity == "roles" else None
+    async with Bus(settings, user=agent) as bus:
         channel = await bus.connection.channel()
-        exchange = await channel.declare_exchange(
-            bus.topology.events_exchange, ExchangeType.TOPIC, durable=True
-        )
+        exchange = await channel.get_exchange(bus.topology.events_exchange, ensure=False)
         queue = await channel.declare_queue(exclusive=True, auto_delete=True)
         # An agent waiting for its sagas' outcomes hears only the final events: the others
         # (saga.started, ...) are routed to nobody, as when no service listens for them.

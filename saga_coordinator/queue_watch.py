@@ -31,14 +31,21 @@ class QueueWatch:
         self.settings = settings
         self.bus = bus
         self.store = store
+        # Services whose queue was found gone and whose lost requests are not sent again yet
+        # (the broker or the database failed meanwhile): the next look tries again, since the
+        # queue, declared by then, would no longer say so.
+        self._owed: set[str] = set()
 
     async def recover(self, services: Collection[str]) -> int:
         """``services``' request queues were found gone: declare them again, then send again
         what was out to them. How many steps were handed a resend."""
+        self._owed |= set(services)
         await self.bus.declare()
-        sent = await self.store.run(lambda tx: self._resend(tx, services))
+        owed = set(self._owed)
+        sent = await self.store.run(lambda tx: self._resend(tx, owed))
+        self._owed -= owed
         log.warning("request queue(s) of %s were gone: declared again, %d request(s) sent again",
-                    ", ".join(sorted(services)), sent)  # fmt: skip
+                    ", ".join(sorted(owed)), sent)  # fmt: skip
         return sent
 
     async def _resend(self, tx: Tx, services: Collection[str]) -> int:
@@ -66,9 +73,9 @@ class QueueWatch:
         while True:
             await asyncio.sleep(self.settings.watchdog_s)
             try:
-                gone = await self.bus.missing(list(queues))
+                gone = {queues[q] for q in await self.bus.missing(list(queues))} | self._owed
                 if gone:
-                    await self.recover({queues[q] for q in gone})
+                    await self.recover(gone)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the broker or the database away: look again later

@@ -7,6 +7,7 @@ only ``reject`` raises the delivery count that sends a poison message to the dea
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ def decide(error: BaseException | None) -> Outcome:
     return Outcome.RETRY
 
 
+# A burial the broker refused (the dead letters' queue without a majority) waits this long before
+# its message goes back to the queue.
+BURY_RETRY_S = 1.0
 # A queue that does not dead-letter for itself (a classic queue): publishes the message to the
 # dead letters with a confirm (saga_shared.transport.poison.Poison.bury); the ack follows.
 Bury = Callable[[AbstractIncomingMessage], Awaitable[None]]
@@ -56,7 +60,14 @@ async def settle(
     elif outcome is Outcome.RETRY:
         await message.reject(requeue=True)
     elif bury is not None:
-        await bury(message)
+        try:
+            await bury(message)
+        except Exception as exc:  # kept, never dropped: back in the queue, buried next time
+            log.warning("message %s could not be dead-lettered (%r); requeued in %.0f s",
+                        message.message_id, exc, BURY_RETRY_S)  # fmt: skip
+            await asyncio.sleep(BURY_RETRY_S)
+            await message.reject(requeue=True)
+            return
         await message.ack()
     else:
         await message.reject(requeue=False)

@@ -162,3 +162,34 @@ def test_a_letter_the_broker_dead_lettered_is_read_as_before(queue: str) -> None
     assert (death.reason, death.queue, death.count, death.routing_key) == (
         "delivery_limit", queue, 4, "0",
     )  # fmt: skip
+
+
+def test_a_burial_the_broker_refuses_puts_the_request_back_and_buries_it_next_time() -> None:
+    class Refusing(Publisher):
+        async def __call__(self, exchange: str, routing_key: str, message: Any) -> None:
+            if not self.sent:
+                self.sent.append(("refused", ""))
+                raise ConnectionError("the dead letters' queue is without a majority")
+            await super().__call__(exchange, routing_key, message)
+
+    async def body(b: Broker) -> tuple[list[FakeDelivery], Publisher]:
+        publisher = Refusing(b)
+        guard = Poison(QUEUE, LIMIT, MemoryCounter(), publisher, T.dead_letter_exchange)
+
+        async def refuse(delivery: FakeDelivery) -> None:
+            raise InvalidMessage("body is not JSON")
+
+        letters = Recorder()
+        b.connect().consume(T.dead_letter_queue, letters)
+        await consume(b, guard, refuse)
+        garbage = to_amqp(b"{no", message_id="g-2", message_type="action.request",
+                          order_id="o-1")  # fmt: skip
+        await b.connect().publish(T.actions_exchange, "request.inventory", garbage,
+                                  mandatory=True)  # fmt: skip
+        await asyncio.sleep(5)
+        return letters.seen, publisher
+
+    letters, publisher = simulate(body)
+    assert publisher.sent == [("refused", ""), (T.dead_letter_exchange, "")]
+    [letter] = letters  # kept, then buried once
+    assert letter.message_id == "g-2" and letter.body == b"{no"
