@@ -30,10 +30,10 @@ from saga_shared.transport.delivery import (
     deliver_batch,
 )
 from saga_shared.transport.linger import NEVER, Linger
-from saga_shared.transport.poison import Poison
 
 if TYPE_CHECKING:
     from saga_shared.transport.bus import Bus
+    from saga_shared.transport.poison import Poison  # the server's: it needs asyncpg
 
 log = logging.getLogger(__name__)
 

@@ -151,6 +151,10 @@ class Topology:
             self.last_resort_queue,
         ]
 
+    def quorum_queues(self) -> list[str]:
+        """Every queue but the request queues (classic)."""
+        return [q for q in self.all_queues() if not self.is_request_queue(q)]
+
     def kind_of(self, queue: str | None) -> tuple[str, int | str | None]:
         """What a queue of this namespace is: ("intake", None), ("partition", index),
         ("action", service) (its request queue too: the same messages, the same checks), or

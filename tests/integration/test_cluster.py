@@ -162,7 +162,7 @@ async def leaders_spread(rabbit: RabbitCluster, bus: Bus, limit_s: float = 60) -
     every node leads at least one and none more than half of them (rounded up): what the
     ``balanced`` leader locator gives at declaration, and ``rabbitmq-queues rebalance quorum``
     after a node returns (a leader moves after the command has returned)."""
-    queues = bus.topology.all_queues()
+    queues = bus.topology.quorum_queues()  # a request queue is classic: no leader
     most = math.ceil(len(queues) / 2)
     deadline = time.monotonic() + limit_s
     while True:

@@ -81,9 +81,9 @@ async def test_the_health_page_shows_who_is_alive_and_flags_a_frozen_adapter(
             await expect(page.locator(f"#queues tr[data-queue='{queue}'] td").nth(3)).to_have_text(
                 "1"
             )
-            received = await pool.fetchval(
+            received = await pool.fetchval(  # a request comes through the request queue
                 "SELECT (queues->>$1)::int FROM processes WHERE namespace = $2 AND name = 'email'",
-                queue, settings.namespace,
+                bus.topology.request_queue("email"), settings.namespace,
             )  # fmt: skip
             assert received is not None and received >= 1, "its deliveries are counted"
 
