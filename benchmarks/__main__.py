@@ -33,6 +33,7 @@ from saga_shared.config import Settings
 def _line(r: Result) -> str:
     p = r.plan
     return (f"{p.mix} x{p.sagas} c={p.concurrency} coordinators={p.coordinators} "
+            f"identity={p.identity} "
             f"stored={p.preload:,}: {r.rate:.1f} sagas/s, p50 {r.percentile(50):.1f} ms, "
             f"p99 {r.percentile(99):.1f} ms, {r.messages_per_saga:.1f} msgs/saga, "
             f"{r.transactions_per_saga:.1f} tx/saga, {r.cpu_ms:.1f} CPU ms/saga, "
@@ -73,11 +74,16 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
     sweep = [
         await _run(
             settings,
-            Plan(sagas_for(args.sagas, c), c, profile=c == busiest and not args.no_profile),
+            Plan(
+                sagas_for(args.sagas, c),
+                c,
+                profile=c == busiest and not args.no_profile,
+                identity=args.identity,
+            ),
         )
         for c in args.concurrency
     ]
-    base = Plan(sagas_for(args.sagas, busiest), busiest)
+    base = Plan(sagas_for(args.sagas, busiest), busiest, identity=args.identity)
     findings = Findings(ceiling, processes, sweep)
     for n in args.coordinators:
         if n != 1:
@@ -126,7 +132,7 @@ async def _side_by_side(
         theirs: dict[int, list[Any]] = {n: [] for n in sorted({1, min(cores, c)})}
         sagas = sagas_for(args.sagas, c)
         for _ in range(args.rounds):
-            mine.append(await _run(settings, Plan(sagas, c, mix="refund")))
+            mine.append(await _run(settings, Plan(sagas, c, mix="refund", identity=args.identity)))
             for n, runs in ({} if args.no_peer else theirs).items():
                 peer = await run_dbos_processes(settings.database_url, sagas, c, n)
                 print(f"{peer.name} x{n} c={c}: {peer.rate:.1f} sagas/s, "
@@ -162,6 +168,11 @@ def main() -> None:
     parser.add_argument("--commands", type=_at_least(0), default=5000,
                         help="gated starts for the commands-accepted rate (0: skip)")  # fmt: skip
     parser.add_argument("--no-peer", action="store_true", help="skip DBOS (no bench extra)")
+    parser.add_argument(
+        "--identity", choices=["shared", "roles"], default="shared",
+        help="roles: every process on its own account, in a vhost of the run's (the sweep and "
+        "the peer comparison; commands accepted and growth stay shared)",
+    )  # fmt: skip
     parser.add_argument("--no-profile", action="store_true", help="no py-spy sampling")
     parser.add_argument("--ceiling-messages", type=_at_least(1), default=30000)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))

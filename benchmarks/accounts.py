@@ -1,6 +1,8 @@
 """A benchmark run in ``roles`` identity, the production mode: every process on its own broker
 user and Postgres role, made by ``saga setup``'s own code in a vhost and database of the run's,
-and removed with them afterwards (``SAGA_IDENTITY=roles python -m benchmarks``)."""
+and removed with them afterwards (``python -m benchmarks --identity roles``). The agent's rate
+limit is raised out of the load's way (``SAGA_AGENT_RATE``): a deployment sets it to what its
+agents send."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ from saga_shared.config import Settings
 from saga_shared.security.identity import db_role
 from saga_shared.storage.migrations import drop_database
 
+AGENT_RATE = 100_000  # commands a second: more than any load here sends
+
 
 @contextlib.asynccontextmanager
 async def roles_run(shared: Settings) -> AsyncIterator[Settings]:
@@ -42,6 +46,7 @@ async def roles_run(shared: Settings) -> AsyncIterator[Settings]:
     settings = shared.with_(
         amqp_url=urlunsplit(parts._replace(path=f"/{vhost}")), identity="roles",
         user_prefix=prefix, agents=f"{prefix}agent", secrets_dir=str(secrets),
+        agent_rate=AGENT_RATE, agent_burst=AGENT_RATE,
     )  # fmt: skip
     try:
         report = Report()

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -39,6 +40,7 @@ class Plan:
     mix: Mix = "mixed"
     preload: int = 0  # finished sagas stored before the run
     profile: bool = False  # sample the coordinator and the adapters with py-spy meanwhile
+    identity: Literal["shared", "roles"] = "shared"  # roles: every process on its own account
 
 
 @dataclass
@@ -152,6 +154,8 @@ async def _start_processes(
         "SAGA_USER_PREFIX": settings.user_prefix,
         "SAGA_AGENTS": settings.agents,
         "SAGA_SECRETS_DIR": settings.secrets_dir,
+        "SAGA_AGENT_RATE": str(settings.agent_rate),
+        "SAGA_AGENT_BURST": str(settings.agent_burst),
         "SAGA_LOG_LEVEL": "WARNING",
     }
     # Each coordinator takes its share of the partitions and stands by for the others.
@@ -215,7 +219,7 @@ def sagas_for(sagas: int, concurrency: int) -> int:
 
 async def run_benchmark(base: Settings, plan: Plan) -> Result:
     """One measurement in a fresh namespace and database."""
-    async with _fresh(base) as settings:
+    async with _fresh(base, plan.identity) as settings:
         return await _measure(settings, plan, [])
 
 
@@ -246,11 +250,13 @@ async def run_growth(
 
 
 @contextlib.asynccontextmanager
-async def _fresh(base: Settings) -> AsyncIterator[Settings]:
-    """A run's own namespace and database; in ``roles`` identity (``SAGA_IDENTITY=roles``),
-    its own vhost and accounts too (``benchmarks.accounts``)."""
+async def _fresh(
+    base: Settings, identity: Literal["shared", "roles"] = "shared"
+) -> AsyncIterator[Settings]:
+    """A run's own namespace and database; in ``roles`` identity, its own vhost and accounts
+    too (``benchmarks.accounts``)."""
     settings = settings_for_run(base, new_run_id())
-    if base.identity == "roles":
+    if identity == "roles":
         async with roles_run(settings) as roles:
             yield roles
         return
