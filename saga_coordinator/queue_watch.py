@@ -3,10 +3,11 @@
 A request queue is classic and not durable (``Topology.request_queue``): a broker restart, or on
 a cluster its node going down, deletes it with the requests in it. AMQP tells a publisher nothing
 of it until a publish comes back unroutable, and nothing at all when no publish comes; so every
-coordinator looks for its request queues every ``SAGA_WATCHDOG_S`` (a passive declare each) and,
-for one that is gone, as for a publish that came back: declares the topology again, then hands
-each step whose request was out to that service a lost-marked ``saga.deadline`` through its
-order's partition, in the same transaction as nothing else (the outbox; the relay publishes).
+coordinator looks for its request queues at its start (``saga_app.stack``, before declaring
+them) and every ``SAGA_WATCHDOG_S`` after (a passive declare each) and, for one that is gone,
+as for a publish that came back: declares the topology again, then hands each step whose
+request was out to that service a lost-marked ``saga.deadline`` through its order's partition
+(the outbox; the relay publishes).
 Two coordinators finding the same loss send two such messages for a step: the second finds its
 send number stale and is ignored.
 """

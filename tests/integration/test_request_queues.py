@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from saga_app.stack import Stack
 from saga_shared.client import SagaClient
 from saga_shared.config import Settings
 from saga_shared.model.messages import ActionRequest
-from saga_shared.transport.bus import Bus
+from saga_shared.transport.bus import Bus, QueueDepth
 from tests.integration.deployment import Deployment
 from tests.integration.helpers import (
     REFUND,
@@ -63,6 +64,23 @@ async def test_requests_go_through_classic_transient_queues_and_the_rest_through
         assert (queues[name]["type"], queues[name]["durable"]) == ("quorum", True)
 
 
+def holding(queue: str, n: int) -> Callable[[dict[str, QueueDepth | None]], bool]:
+    """Whether ``queue`` exists and holds at least ``n`` messages."""
+
+    def check(depths: dict[str, QueueDepth | None]) -> bool:
+        found = depths[queue]
+        return found is not None and found.messages >= n
+
+    return check
+
+
+async def lose(bus: Bus, queue: str) -> None:
+    """``queue`` deleted with what it holds, as its node going down deletes it."""
+    channel = await bus.connection.channel()
+    await channel.queue_delete(queue)
+    await channel.close()
+
+
 def patient(settings: Settings, tmp_path: Path) -> Settings:
     """A deadline 2.2 s after each send (``quick``), and a reservation sent up to 20 times: the
     sends never run out while the test waits, so no compensation can come of the wait."""
@@ -90,15 +108,10 @@ async def test_requests_lost_with_their_queue_are_sent_again_and_every_saga_comp
             queue = bus.topology.request_queue("inventory")
             sagas = [await publish_start(bus, f"{order_id}-{i}") for i in range(5)]
 
-            def waiting(n: int) -> Any:
-                return lambda d: d[queue] is not None and d[queue].messages >= n
-
-            await eventually(lambda: bus.depths([queue]), waiting(5))
-            channel = await bus.connection.channel()
-            await channel.queue_delete(queue)
-            await channel.close()
+            await eventually(lambda: bus.depths([queue]), holding(queue, 5))
+            await lose(bus, queue)
             # Sent again into the queue declared again.
-            await eventually(lambda: bus.depths([queue]), waiting(5), seconds=20)
+            await eventually(lambda: bus.depths([queue]), holding(queue, 5), seconds=20)
         await inventory.start()
         states = [await terminal(coordinator, s) for s in sagas]
     finally:
@@ -115,6 +128,38 @@ async def test_requests_lost_with_their_queue_are_sent_again_and_every_saga_comp
     assert dead == 0
 
 
+async def test_a_coordinator_started_while_a_request_queue_is_gone_sends_again_what_was_in_it(
+    settings: Settings, tmp_path: Path, order_id: str
+) -> None:
+    """The broker restarted while the coordinator was down: its request queue is gone with
+    the requests in it. The coordinator, starting, finds it gone before it declares it again,
+    and sends again what was out to it, uncounted."""
+    fast = patient(settings, tmp_path)
+    parts = ["coordinator", "erp", "payments", "email"]
+    first = Stack(fast, parts)
+    await first.start()
+    try:
+        async with Bus(fast) as bus:
+            queue = bus.topology.request_queue("inventory")
+            sagas = [await publish_start(bus, f"{order_id}-{i}") for i in range(3)]
+            await eventually(lambda: bus.depths([queue]), holding(queue, 3))
+            await first.stop()
+            await lose(bus, queue)
+        again, inventory = Stack(fast, parts), Stack(fast, ["inventory"])
+        await again.start()
+        await inventory.start()
+        try:
+            states = [await terminal(again, s) for s in sagas]
+        finally:
+            await inventory.stop()
+            await again.stop()
+    finally:
+        await remove_namespace(fast)
+
+    assert [s.status for s in states] == ["completed"] * 3
+    assert all(s.steps[0].max_sends == 21 for s in states)  # sent again, not counted
+
+
 async def test_a_request_published_while_its_queue_is_gone_is_sent_again_not_buried(
     settings: Settings, tmp_path: Path, pool: asyncpg.Pool, order_id: str
 ) -> None:
@@ -129,9 +174,7 @@ async def test_a_request_published_while_its_queue_is_gone_is_sent_again_not_bur
     await inventory.start()
     try:
         async with Bus(fast) as bus:
-            channel = await bus.connection.channel()
-            await channel.queue_delete(bus.topology.request_queue("inventory"))
-            await channel.close()
+            await lose(bus, bus.topology.request_queue("inventory"))
             saga = await publish_start(bus, order_id)
         state = await terminal(stack, saga)
     finally:
