@@ -11,9 +11,10 @@ import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aio_pika
+import aiormq
 import asyncpg
 
 from saga_app.stack import Stack
@@ -235,3 +236,21 @@ async def test_in_roles_mode_a_request_not_from_the_coordinator_is_buried_as_for
         "SELECT count(*) FROM sim_email_messages WHERE order_id = $1", order_id
     )
     assert sent == 0
+
+
+async def test_looking_for_missing_queues_leaves_no_channel_open(bus: Bus) -> None:
+    """A passive declare of a missing queue makes the broker close the channel; a robust
+    channel would open itself again and stay open for good (found: the request queues' watch,
+    every few seconds). The plain channels the look uses are all closed afterwards."""
+    transport = bus.connection.transport
+    assert transport is not None
+    underlay = cast(aiormq.Connection, transport.connection)
+    before = len(underlay.channels)
+    names = [f"{bus.topology.namespace}.no-such-{i}" for i in range(4)]
+    t = bus.topology
+
+    assert await bus.missing([t.intake_queue, *names]) == names
+    assert (await bus.depths(names)) == dict.fromkeys(names)
+    await asyncio.sleep(0.5)  # what would reopen itself has done so by now
+
+    assert len(underlay.channels) == before
