@@ -148,14 +148,8 @@ class Stack:
         runners = []
         if "coordinator" in self.components:
             bus, pool = await self._connect("coordinator")
-            # A request queue gone when the coordinator starts (the broker restarted meanwhile)
-            # took its requests with it: found before it is declared again, then sent again.
-            requests = {bus.topology.request_queue(s): s for s in bus.topology.services}
-            gone = await bus.missing(list(requests))
             await bus.declare()  # the coordinator owns the topology
             runners += self._coordinator_parts(bus, pool)
-            if gone and self.coordinator is not None:
-                await self.coordinator.watch.recover([requests[q] for q in gone])
         for component, service in self.services.items():
             bus, pool = await self._connect(cast(Component, service.name))
             if self._shared and "coordinator" not in self.components:

@@ -3,8 +3,8 @@
 A request queue is classic and not durable (``Topology.request_queue``): a broker restart, or on
 a cluster its node going down, deletes it with the requests in it. AMQP tells a publisher nothing
 of it until a publish comes back unroutable, and nothing at all when no publish comes; so every
-coordinator looks for its request queues at its start (``saga_app.stack``, before declaring
-them) and every ``SAGA_WATCHDOG_S`` after (a passive declare each) and, for one that is gone,
+coordinator looks for its request queues every ``SAGA_WATCHDOG_S`` (a passive declare each)
+and, for one that is gone,
 as for a publish that came back: declares the topology again, then hands each step whose
 request was out to that service a lost-marked ``saga.deadline`` through its order's partition
 (the outbox; the relay publishes).

@@ -115,7 +115,7 @@ class Bus:
         try:
             for name in self.topology.all_queues() if names is None else names:
                 if channel is None or channel.is_closed:
-                    channel = await self._probe()
+                    channel = await self.connection.channel()
                 try:
                     ok = await channel.declare_queue(name, passive=True, timeout=5)
                     result = ok.declaration_result
@@ -127,14 +127,6 @@ class Bus:
                 await channel.close()
         return found
 
-    async def _probe(self) -> AbstractChannel:
-        """A plain channel for passive declares: a robust one, closed by the broker for a
-        missing queue, would open itself again behind our back and never be closed (one leaked
-        channel per missing queue per look)."""
-        channel = aio_pika.Channel(self.connection, publisher_confirms=False)
-        await channel.initialize(timeout=5)
-        return channel
-
     async def missing(self, names: Sequence[str]) -> list[str]:
         """The queues of ``names`` the broker says do not exist (a passive declare answered
         NOT_FOUND); any other failure raises: a queue that did not answer is not called gone."""
@@ -143,7 +135,7 @@ class Bus:
         try:
             for name in names:
                 if channel is None or channel.is_closed:
-                    channel = await self._probe()
+                    channel = await self.connection.channel()
                 try:
                     await channel.declare_queue(name, passive=True, timeout=5)
                 except aiormq.exceptions.ChannelNotFoundEntity:

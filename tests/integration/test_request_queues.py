@@ -11,10 +11,9 @@ import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import aio_pika
-import aiormq
 import asyncpg
 
 from saga_app.stack import Stack
@@ -129,38 +128,6 @@ async def test_requests_lost_with_their_queue_are_sent_again_and_every_saga_comp
     assert dead == 0
 
 
-async def test_a_coordinator_started_while_a_request_queue_is_gone_sends_again_what_was_in_it(
-    settings: Settings, tmp_path: Path, order_id: str
-) -> None:
-    """The broker restarted while the coordinator was down: its request queue is gone with
-    the requests in it. The coordinator, starting, finds it gone before it declares it again,
-    and sends again what was out to it, uncounted."""
-    fast = patient(settings, tmp_path)
-    parts = ["coordinator", "erp", "payments", "email"]
-    first = Stack(fast, parts)
-    await first.start()
-    try:
-        async with Bus(fast) as bus:
-            queue = bus.topology.request_queue("inventory")
-            sagas = [await publish_start(bus, f"{order_id}-{i}") for i in range(3)]
-            await eventually(lambda: bus.depths([queue]), holding(queue, 3))
-            await first.stop()
-            await lose(bus, queue)
-        again, inventory = Stack(fast, parts), Stack(fast, ["inventory"])
-        await again.start()
-        await inventory.start()
-        try:
-            states = [await terminal(again, s) for s in sagas]
-        finally:
-            await inventory.stop()
-            await again.stop()
-    finally:
-        await remove_namespace(fast)
-
-    assert [s.status for s in states] == ["completed"] * 3
-    assert all(s.steps[0].max_sends == 21 for s in states)  # sent again, not counted
-
-
 async def test_a_request_published_while_its_queue_is_gone_is_sent_again_not_buried(
     settings: Settings, tmp_path: Path, pool: asyncpg.Pool, order_id: str
 ) -> None:
@@ -236,21 +203,3 @@ async def test_in_roles_mode_a_request_not_from_the_coordinator_is_buried_as_for
         "SELECT count(*) FROM sim_email_messages WHERE order_id = $1", order_id
     )
     assert sent == 0
-
-
-async def test_looking_for_missing_queues_leaves_no_channel_open(bus: Bus) -> None:
-    """A passive declare of a missing queue makes the broker close the channel; a robust
-    channel would open itself again and stay open for good (found: the request queues' watch,
-    every few seconds). The plain channels the look uses are all closed afterwards."""
-    transport = bus.connection.transport
-    assert transport is not None
-    underlay = cast(aiormq.Connection, transport.connection)
-    before = len(underlay.channels)
-    names = [f"{bus.topology.namespace}.no-such-{i}" for i in range(4)]
-    t = bus.topology
-
-    assert await bus.missing([t.intake_queue, *names]) == names
-    assert (await bus.depths(names)) == dict.fromkeys(names)
-    await asyncio.sleep(0.5)  # what would reopen itself has done so by now
-
-    assert len(underlay.channels) == before
