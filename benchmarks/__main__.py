@@ -181,7 +181,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     settings = Settings.from_env()
     if args.smoke:
-        loop.run(_run(settings, Plan(6, 3)))
+        loop.run(_run(settings, Plan(6, 3, identity=args.identity)))
         return
     findings = loop.run(measure(settings, args))
     print(f"wrote {write(findings, args.out)}")

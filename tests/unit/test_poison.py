@@ -55,6 +55,13 @@ async def consume(b: Broker, guard: Poison, handler: Any) -> None:
     b.connect().consume(QUEUE, take)
 
 
+async def send(b: Broker, body: bytes, message_id: str) -> None:
+    """A request to the inventory's request queue, as the coordinator routes it."""
+    request = to_amqp(body, message_id=message_id, message_type="action.request", order_id="o-1")
+    await b.connect().publish(T.actions_exchange, T.request_key("inventory"), request,
+                              mandatory=True)  # fmt: skip
+
+
 def test_a_request_queue_is_classic_and_not_durable_and_a_request_is_transient() -> None:
     async def body(b: Broker) -> tuple[str, bool, int | None]:
         queue = b.queues[QUEUE]
@@ -80,10 +87,7 @@ def test_a_request_that_keeps_failing_is_handled_limit_plus_one_times_then_burie
         letters = Recorder()
         b.connect().consume(T.dead_letter_queue, letters)
         await consume(b, guard, broken)
-        request = to_amqp(b"{}", message_id="req-1", message_type="action.request",
-                          order_id="o-1")  # fmt: skip
-        await b.connect().publish(T.actions_exchange, T.request_key("inventory"), request,
-                                  mandatory=True)  # fmt: skip
+        await send(b, b"{}", "req-1")
         await asyncio.sleep(5)
         assert counter.counts == {(QUEUE, "req-1"): LIMIT + 2}
         return letters.seen, publisher
@@ -182,10 +186,7 @@ def test_a_burial_the_broker_refuses_puts_the_request_back_and_buries_it_next_ti
         letters = Recorder()
         b.connect().consume(T.dead_letter_queue, letters)
         await consume(b, guard, refuse)
-        garbage = to_amqp(b"{no", message_id="g-2", message_type="action.request",
-                          order_id="o-1")  # fmt: skip
-        await b.connect().publish(T.actions_exchange, "request.inventory", garbage,
-                                  mandatory=True)  # fmt: skip
+        await send(b, b"{no", "g-2")
         await asyncio.sleep(5)
         return letters.seen, publisher
 
