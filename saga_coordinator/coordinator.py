@@ -1,6 +1,6 @@
-"""The coordinator: consumes the partitions, one message at a time per partition, and applies
-them through the ``Processor``, the messages of different partitions that arrive together in
-one transaction (``GroupCommit``)."""
+"""The coordinator: consumes the partitions it owns (``saga_coordinator.ownership``), one message
+at a time per partition, and applies them through the ``Processor``, the messages of different
+partitions that arrive together in one transaction (``GroupCommit``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from saga_coordinator.gatekeeper import Gatekeeper, stamped
 from saga_coordinator.group_commit import GroupCommit
+from saga_coordinator.ownership import Ownership
 from saga_coordinator.processor import Processor
 from saga_coordinator.queue_watch import QueueWatch
 from saga_coordinator.sender import Sender
@@ -26,7 +27,7 @@ from saga_shared.model.gateway import AdmittedPlan
 from saga_shared.model.messages import DeskCommand, PartitionMessage, QuerySaga
 from saga_shared.observability import tracing
 from saga_shared.security import trust
-from saga_shared.security.identity import Directory
+from saga_shared.security.identity import Directory, database_url_for
 from saga_shared.security.trust import REPLAY_HEADER, Forged
 from saga_shared.transport.bus import Bus
 from saga_shared.transport.codec import (
@@ -54,6 +55,7 @@ class Coordinator:
         self._published: list[int] = []  # outbox ids published, not yet deleted
         self._last_publish = 0.0
         self.watch = QueueWatch(settings, bus, store)
+        self.ownership = Ownership(settings, database_url_for(settings, "coordinator"))
         self.sender = Sender(bus, self._on_confirmed, recover=self.watch.recover)
         most = settings.partitions * settings.partition_batch
         # A group waits while more than a group's worth of messages wait to be published.
@@ -171,24 +173,47 @@ class Coordinator:
             self.processor.plans.pop(id(message), None)
 
     async def run(self, partitions: Sequence[int] | None = None) -> None:
-        """Consume every partition (each sequentially, all in parallel) until cancelled.
+        """Consume the partitions this process owns (each sequentially, all in parallel) until
+        cancelled.
 
-        Each partition has a single active consumer: the first subscribed. With several
-        coordinator processes, each subscribes first to its share (``SAGA_COORDINATOR_SHARE``,
-        ``k/n``: the partitions ``p % n == k``) and to the others only ``standby_after_s`` later,
-        so the processes split the partitions and each stands by for the rest."""
+        A partition is owned while this process's lock session holds its lock
+        (``saga_coordinator.ownership``). With several coordinator processes, each takes its
+        share first (``SAGA_COORDINATOR_SHARE``, ``k/n``: the partitions ``p % n == k``) and the
+        others only ``standby_after_s`` later, once free: the processes split the partitions, and
+        each takes over what another leaves when it dies or freezes."""
         indexes = range(self.settings.partitions) if partitions is None else partitions
         mine, others = share_of(self.settings.coordinator_share, indexes)
         async with asyncio.TaskGroup() as group:
             group.create_task(self._forget_published(), name="outbox-deletes")
             group.create_task(self.sender.run(), name="sender")
             group.create_task(self.watch.run(), name="request-queues")
-            for index in mine:
-                group.create_task(self._consume(index), name=f"partition-{index}")
-            if others:
-                await asyncio.sleep(self.settings.standby_after_s)
-            for index in others:
-                group.create_task(self._consume(index), name=f"partition-{index}")
+            group.create_task(self._own(mine, others), name="partitions")
+
+    async def _own(self, first: Sequence[int], later: Sequence[int]) -> None:
+        """Every ``SAGA_WATCHDOG_S``: take what is free and wanted, consume it and send again what
+        its running steps have out; stop consuming what another process holds now."""
+        consumers: dict[int, asyncio.Task[None]] = {}
+        try:
+            while True:
+                change = await self.ownership.look(consumers, first, later)
+                for index in sorted(change.stop):
+                    task = consumers.pop(index)
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                for index in sorted(change.start):
+                    consumers[index] = asyncio.create_task(
+                        self._consume(index), name=f"partition-{index}"
+                    )
+                await self.watch.resume(change.resend)
+                for task in consumers.values():
+                    if task.done():  # a consumer subscribes again on its own: never ends
+                        task.result()
+                await asyncio.sleep(self.settings.watchdog_s)
+        finally:
+            for task in consumers.values():
+                task.cancel()
+            await asyncio.gather(*consumers.values(), return_exceptions=True)
+            await self.ownership.close()
 
     async def _consume(self, index: int) -> None:
         queue = self.bus.topology.partition_queue(index)

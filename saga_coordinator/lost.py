@@ -9,7 +9,9 @@ deadline. Here it becomes one more send of the same request (same key: at most o
 under a send number of its own, and the step's budget of sends grows by one: losing a queue
 costs a resend, never a saga. A send that was not lost after all (its adapter had it in hand)
 is absorbed by the service's key record; a lost-marked message for a send that was answered or
-sent again meanwhile is stale, and ignored.
+sent again meanwhile is stale, and ignored. A coordinator that takes a partition over hands the
+same message to every step of it with a request out (``QueueWatch.resume``): a queue may have
+been lost while nobody owned the partition.
 """
 
 from __future__ import annotations
@@ -65,7 +67,10 @@ def resend_lost(
         step = step.evolve(compensation_sends=step.compensation_sends + 1,
                            compensation_max_sends=step.compensation_max_sends + 1)  # fmt: skip
     state = state.with_step(step, updated_at=now)
-    detail = f"the request queue of {service} was lost: sent again, not counted against the sends"
+    detail = (
+        f"the request may have been lost with the request queue of {service} (found gone, "
+        "or the partition taken over): sent again, not counted against the sends"
+    )
     out: list[Outgoing] = [
         request(state, step, "forward" if forward else "compensation", now),
         event(state, "step.resent", now, step, detail=detail),

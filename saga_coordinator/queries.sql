@@ -253,6 +253,12 @@ SELECT EXISTS (SELECT 1 FROM inbox WHERE message_id = $1);
 -- Session-scoped: the relay keeps it until its connection ends.
 SELECT pg_try_advisory_lock($1);
 
+-- name: partitions_take
+-- Session-scoped, one per partition of a namespace ($1): held while the coordinator's own
+-- connection lives (saga_coordinator/ownership.py). Run at every look, asked for nothing too:
+-- it is the session's beat, which keeps the server's idle_session_timeout from ending it.
+SELECT p FROM unnest($2::int[]) AS p WHERE pg_try_advisory_lock(hashtext($1), p);
+
 -- name: outbox_batch
 -- What the relay publishes: rows written for it, and rows a committing task wrote to publish
 -- itself but has not deleted after $2 seconds (its process died, or the broker was away).

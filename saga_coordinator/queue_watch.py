@@ -9,7 +9,8 @@ as for a publish that came back: declares the topology again, then hands each st
 request was out to that service a lost-marked ``saga.deadline`` through its order's partition
 (the outbox; the relay publishes).
 Two coordinators finding the same loss send two such messages for a step: the second finds its
-send number stale and is ignored.
+send number stale and is ignored. A coordinator taking partitions over does the same for their
+orders, every service (``resume``): the loss may have come while nobody watched.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from saga_coordinator.rows import OutboxRow
 from saga_coordinator.store import Q, Store, Tx
 from saga_shared.config import Settings
 from saga_shared.transport.bus import Bus
+from saga_shared.transport.topology import partition_of
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,8 @@ class QueueWatch:
         # (the broker or the database failed meanwhile): the next look tries again, since the
         # queue, declared by then, would no longer say so.
         self._owed: set[str] = set()
+        # Partitions taken over whose running requests are not sent again yet.
+        self._owed_partitions: set[int] = set()
 
     async def recover(self, services: Collection[str]) -> int:
         """``services``' request queues were found gone: declare them again, then send again
@@ -49,12 +53,39 @@ class QueueWatch:
                     ", ".join(sorted(owed)), sent)  # fmt: skip
         return sent
 
-    async def _resend(self, tx: Tx, services: Collection[str]) -> int:
+    async def resume(self, partitions: Collection[int]) -> None:
+        """``partitions`` were just taken (at a start, from a process that died or froze, after
+        the lock session was lost): send again every request their running steps have out,
+        uncounted, since a request queue may have been lost while nobody owned them. What was
+        not lost is absorbed by the services' key records, or answered by the process still
+        calling it. The database away: owed, sent at the next look."""
+        self._owed_partitions |= set(partitions)
+        if not self._owed_partitions:
+            return
+        owed = set(self._owed_partitions)
+        services = self.bus.topology.services
+        try:
+            sent = await self.store.run(lambda tx: self._resend(tx, services, owed))
+        except Exception as exc:
+            log.warning("could not send again the requests out of partition(s) %s: %r",
+                        sorted(owed), exc)  # fmt: skip
+            return
+        self._owed_partitions -= owed
+        if sent:
+            log.info("partition(s) %s taken: %d running request(s) sent again, uncounted",
+                     sorted(owed), sent)  # fmt: skip
+
+    async def _resend(
+        self, tx: Tx, services: Collection[str], partitions: Collection[int] | None = None
+    ) -> int:
+        """Lost-marked deadlines for the steps with a request out to ``services`` (of the
+        orders in ``partitions``: all of them when None)."""
         t = self.bus.topology
         patterns = [f"%:{s}.%" for s in services]
         out = [
             OutboxRow.of(t.partitions_exchange, t.partition_key(message.order_id), message)
             for row in await tx.conn.fetch(Q.requests_out, patterns)
+            if partitions is None or partition_of(row["order_id"], t.partitions) in partitions
             for message in marked(
                 row["saga_id"],
                 row["order_id"],

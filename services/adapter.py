@@ -33,7 +33,7 @@ from saga_services.calls import Calls, Outcome
 from saga_services.errors import Transient
 from saga_services.faults import Rehearsal
 from saga_services.keys import KeyStore, MemoryKeys, PgKeys
-from saga_services.outcome import build_outcome
+from saga_services.outcome import Running, build_outcome
 from saga_services.registry import SYSTEMS, load_service
 from saga_services.sdk import Resources, Service
 from saga_shared.config import Settings
@@ -195,10 +195,13 @@ class Adapter:
         req = self._request(message)
         with trace.use_span(self._span(req, message), end_on_exit=True):
             if isinstance(req, SettleRequest):
-                report: Report = await self.settle(req)
+                report: Report | None = await self.settle(req)
             else:
                 async with self.calls.holding([req.idempotency_key]):
                     report = await self.perform(req, retry=retry, landed=landed)
+            if report is None:  # another process is calling it: its answer is the answer
+                _running(req)
+                return
             crash_point("adapter.before_publish")
             [error] = await self._publish_outcomes([(req, report, None)], [message])
             if error is not None:
@@ -249,7 +252,11 @@ class Adapter:
         reports: list[tuple[int, ActionRequest, ActionDone | ActionFailed]] = []
         for (i, req), result in zip(valid, called, strict=True):
             if isinstance(result, Outcome):
-                reports.append((i, req, self._outcome(req, result)))
+                report = self._outcome(req, result)
+                if report is None:
+                    _running(req)  # acked: the holder of its claim answers
+                else:
+                    reports.append((i, req, report))
             else:  # transient, or the function broke: alone, its claim counting this try
                 landed = not isinstance(result, Transient) or result.may_have_landed
                 verdicts[i] = Alone(functools.partial(self.handle, retry=True, landed=landed))
@@ -294,15 +301,19 @@ class Adapter:
 
     async def perform(
         self, req: ActionRequest, *, retry: bool = False, landed: bool = False
-    ) -> ActionDone | ActionFailed:
-        """Claim and call (with retries) and build the outcome to report; no broker I/O."""
+    ) -> ActionDone | ActionFailed | None:
+        """Claim and call (with retries) and build the outcome to report; no broker I/O.
+        None: another live process holds the key's claim and is calling it (its answer is the
+        answer: a resend that finds the send before it still running is not doubt)."""
         await self.open()
         outcome = await self._holding_db(
             lambda: self.calls.alone(req, self._deps, retry=retry, landed=landed), req.action
         )
         return self._outcome(req, outcome)
 
-    def _outcome(self, req: ActionRequest, outcome: Outcome) -> ActionDone | ActionFailed:
+    def _outcome(self, req: ActionRequest, outcome: Outcome) -> ActionDone | ActionFailed | None:
+        if isinstance(outcome.verdict, Running):
+            return None
         return build_outcome(req, outcome.verdict, outcome.attempt, outcome.forward)
 
     async def _holding_db(self, work: Callable[[], Awaitable[T]], action: str) -> T:
@@ -323,6 +334,14 @@ class Adapter:
 
 def _unconfirmed(req: Incoming, exc: BaseException) -> RetryLater:
     return RetryLater(f"outcome of {req.idempotency_key} not confirmed: {exc!r}")
+
+
+def _running(req: Incoming) -> None:
+    metrics.REQUESTS_RUNNING_ELSEWHERE.labels(req.action).inc()
+    log.info("%s saga=%s key=%s send %d: running in another process, which answers",
+             req.action, req.saga_id, req.idempotency_key, req.attempt,
+             extra=logs.context(saga_id=req.saga_id, order_id=req.order_id,
+                                action=req.action, message_id=req.message_id))  # fmt: skip
 
 
 def _report(req: Incoming, outcome: Report, started: float) -> None:

@@ -25,7 +25,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from saga_services import settling
 from saga_services.errors import Permanent, Transient
 from saga_services.keys import Claiming, Finished, KeyStore, Ticket
-from saga_services.outcome import Done, Verdict
+from saga_services.outcome import Done, Running, Verdict
 from saga_services.sdk import KeyQuery, Service, batch_scope
 from saga_shared.model.catalog import Catalog
 from saga_shared.model.messages import ActionRequest, SettleVerdict
@@ -296,13 +296,13 @@ class Outcome:
     __slots__ = ("attempt", "called", "forward", "verdict")
 
     def __init__(
-        self, verdict: Verdict, attempt: int, forward: SettleVerdict | None = None, *,
+        self, verdict: Verdict | Running, attempt: int, forward: SettleVerdict | None = None, *,
         called: bool = True,
     ) -> None:  # fmt: skip
         self.verdict, self.attempt, self.forward, self.called = verdict, attempt, forward, called
 
 
-def _refusal(ticket: Ticket, atomic: bool) -> Verdict:
+def _refusal(ticket: Ticket, atomic: bool) -> Verdict | Running:
     """What a claim that refused a call means, reported without calling."""
     if ticket.kind == "done":
         return Done(ticket.result or {})
@@ -311,11 +311,7 @@ def _refusal(ticket: Ticket, atomic: bool) -> Verdict:
     if ticket.kind == "fenced":
         return Permanent(f"fenced, nothing done: {ticket.error or 'settled first'}")
     if ticket.kind == "busy":
-        return Permanent(
-            f"claimed by {ticket.owner} and unfinished ({ticket.lease_s or 0:.1f}s of its lease "
-            "left): not called again; it is in doubt until that call answers or a settle "
-            "decides", may_have_landed=True,
-        )  # fmt: skip
+        return Running(ticket.owner, ticket.lease_s or 0.0)
     # spent: a crash or an earlier process used this send's attempts; an unfinished claim of
     # a system that is not atomic with its record may have landed.
     return Permanent(
@@ -324,7 +320,9 @@ def _refusal(ticket: Ticket, atomic: bool) -> Verdict:
     )  # fmt: skip
 
 
-def _finished(key: str, verdict: Verdict) -> Finished:
+def _finished(key: str, verdict: Verdict | Running) -> Finished:
+    if isinstance(verdict, Running):  # a refused claim: nothing of this process's to store
+        raise AssertionError(f"{key}: a claim held elsewhere is never finished here")
     if isinstance(verdict, Done):
         return Finished(key, "done", verdict.result)
     if isinstance(verdict, Transient) and verdict.may_have_landed:

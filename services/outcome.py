@@ -29,6 +29,16 @@ class Done:
 Verdict = Done | Transient | Permanent
 
 
+@dataclass(frozen=True)
+class Running:
+    """Another live process holds the key's claim and is calling it: its answer is the
+    answer. Not a failure and not doubt; nothing is reported for this delivery (the step's
+    deadline stays the backstop should the holder never answer)."""
+
+    holder: str | None
+    lease_s: float
+
+
 def outcome_message_id(
     idempotency_key: str, outcome: Literal["done", "failed"], attempt: int
 ) -> str:

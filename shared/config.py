@@ -223,6 +223,10 @@ class Settings(BaseSettings):
     coordinator_share: Annotated[str, AfterValidator(_share)] = "0/1"
     # How long a coordinator waits before it subscribes to the partitions outside its share.
     standby_after_s: Seconds = 2.0
+    # A coordinator owns a partition while its lock session lives (saga_coordinator.ownership):
+    # a process that stops looking (frozen) loses its partitions this long after its last look
+    # (never less than three looks, SAGA_WATCHDOG_S each).
+    partition_lease_s: Seconds = 10.0
     # Who is who on the broker (see saga_shared.security.identity). "roles": every component
     # connects as its own user and every message's sender is checked; "shared": one account for
     # everything, for a developer's machine and tests only (nothing is verified).

@@ -40,6 +40,11 @@ STEP_SECONDS = Histogram(
 COMPENSATIONS = Counter(
     "saga_compensations", "Compensation requests answered by an adapter", ["action", "outcome"]
 )
+REQUESTS_RUNNING_ELSEWHERE = Counter(
+    "saga_requests_running_elsewhere",
+    "Requests acked unanswered: another live process held the key's claim (its answer counts)",
+    ["action"],
+)
 RETRIES = Counter("saga_retries", "Calls tried again after a transient error", ["action"])
 DEAD_LETTERS = Counter("saga_dead_letters", "Deliveries dead-lettered, by reason", ["reason"])
 # Every reason's series exists from the start, at 0: a counter whose series appeared only at 1

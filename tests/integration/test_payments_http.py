@@ -25,7 +25,7 @@ from saga_shared.config import Settings
 from saga_shared.model.catalog import Catalog
 from saga_shared.model.messages import ActionDone, ActionFailed, ActionRequest
 from saga_shared.transport.bus import Bus
-from tests.integration.helpers import remove_namespace, saga_env
+from tests.integration.helpers import eventually, remove_namespace, saga_env
 from tests.integration.test_sagas import CHECKOUT
 from tests.ports import free_port
 
@@ -279,3 +279,28 @@ async def test_bad_bodies_are_refused_with_a_reason_and_store_nothing(
     )
     assert stored == 0
     assert await charges(pool, order_id) == []
+
+
+async def test_a_send_whose_key_another_process_is_calling_is_left_to_that_call(
+    http_settings: Settings, api: httpx.AsyncClient, adapter: Adapter, catalog: Catalog,
+    pool: asyncpg.Pool, order_id: str,
+) -> None:  # fmt: skip
+    """Two adapter processes: one is charging (the server takes 3 s) when a later send of the
+    charge (a resend) reaches the other. It calls nothing and reports nothing, neither a
+    failure nor doubt: the first one's answer is the answer."""
+    other = Adapter("payments-http", http_settings, catalog, Bus(http_settings), pool,
+                    owner="other@test")  # fmt: skip
+    await other.open()
+    try:
+        call = asyncio.create_task(adapter.perform(charge(order_id, "tok_slow_3000")))
+        owner = "SELECT owner FROM service_keys WHERE key = $1"
+        await eventually(lambda: pool.fetchval(owner, f"saga-{order_id}:{CHARGE}"),
+                         lambda found: found is not None)  # fmt: skip
+        again = await other.perform(charge(order_id, "tok_slow_3000", attempt=2))
+        answer = await call
+    finally:
+        await other.aclose()
+
+    assert again is None
+    assert isinstance(answer, ActionDone)
+    assert len(await charges(pool, order_id)) == 1
