@@ -18,9 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from types import FrameType
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -45,6 +49,55 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("integration")
         elif item.get_closest_marker("integration") is None:
             item.add_marker("fast")
+
+
+def _awaiting(coro: object) -> list[str]:
+    """Where a coroutine waits, down its chain of awaits (a task's own stack stops at the top)."""
+    lines = []
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is not None:
+            lines.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+    return lines
+
+
+def _dump_tasks(signum: int, frame: FrameType | None) -> None:
+    """Every task of the running loop, with where each awaits: pytest-timeout shows the threads
+    only, and a hung test's threads all wait in the selector."""
+    loop = asyncio._get_running_loop()
+    print(f"\n--- the event loop's tasks, {TASK_DUMP_BEFORE_S:g}s before the timeout ---",
+          file=sys.stderr)  # fmt: skip
+    for task in asyncio.all_tasks(loop) if loop is not None else ():
+        print(f"task {task.get_name()}:", *_awaiting(task.get_coro()), sep="\n", file=sys.stderr)
+    sys.stderr.flush()
+
+
+TASK_DUMP_BEFORE_S = 10.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR2, _dump_tasks)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """A test about to hit its timeout first has its loop's tasks printed (``_dump_tasks``)."""
+    limit = float(item.config.getoption("timeout", None) or 0)
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        limit = float(marker.args[0])
+    timer = None
+    if limit > 2 * TASK_DUMP_BEFORE_S:
+        timer = threading.Timer(limit - TASK_DUMP_BEFORE_S, os.kill, (os.getpid(), signal.SIGUSR2))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 @pytest.fixture(autouse=True)
