@@ -137,8 +137,9 @@ class Stack:
             size = 10 if role == "coordinator" or self._shared else 5
             url = database_url_for(self.settings, role)
             self._pools[key] = await create_pool(
-                url, min_size=1, max_size=size, plan_cache_mode=self.settings.db_plan_cache_mode
-            )
+                url, min_size=1, max_size=size, plan_cache_mode=self.settings.db_plan_cache_mode,
+                idle_in_transaction_s=self.settings.lease_s,
+            )  # fmt: skip
         bus = self._buses.setdefault(key, Bus(self.settings, user=self.directory.user(role)))
         if not bus.connected:
             await bus.connect()

@@ -38,6 +38,14 @@ from saga_shared.config import Settings
 log = logging.getLogger(__name__)
 
 
+def lock_session(settings: Settings, purpose: str) -> dict[str, str]:
+    """Server settings of a connection whose session holds locks (the partitions', the
+    relay's): the server ends it once idle for ``SAGA_PARTITION_LEASE_S``, at least three looks,
+    so the locks of a frozen process pass and a live one's never do."""
+    return {"idle_session_timeout": str(int(settings.lease_s * 1000)),
+            "application_name": f"saga {purpose}"}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Change:
     """What a look changes: partitions to ``start`` and ``stop`` consuming, and those whose
@@ -74,12 +82,6 @@ class Ownership:
         self._since = 0.0
         self._failing = False
 
-    @property
-    def idle_timeout_ms(self) -> int:
-        # At least three looks, so that a slow look never ends a live process's session.
-        lease = max(self.settings.partition_lease_s, 3 * self.settings.watchdog_s)
-        return int(lease * 1000)
-
     async def look(
         self, consuming: Collection[int], first: Collection[int], later: Collection[int]
     ) -> Change:
@@ -89,10 +91,9 @@ class Ownership:
         try:
             if self._conn is None or self._conn.is_closed():
                 self.held = set()
-                self._conn = await asyncpg.connect(self.url, server_settings={
-                    "idle_session_timeout": str(self.idle_timeout_ms),
-                    "application_name": "saga coordinator partitions",
-                })  # fmt: skip
+                self._conn = await asyncpg.connect(
+                    self.url, server_settings=lock_session(self.settings, "partitions")
+                )
                 self._since = now
             wanted = set(consuming) | set(first)
             if now - self._since >= self.settings.standby_after_s:

@@ -1,8 +1,10 @@
 """The outbox relay: publishes committed outgoing messages in id order, with confirms.
 
 One relay publishes at a time (a session advisory lock on its own connection), so several
-coordinator processes never reorder one order's messages. A row is deleted only after its
-confirm; a crash in between republishes it, and the receivers absorb the duplicate by message id.
+coordinator processes never reorder one order's messages. The server ends the session of a
+relay that stopped (frozen) after ``SAGA_PARTITION_LEASE_S``, and another relay leads. A row is
+deleted only after its confirm; a crash in between republishes it, and the receivers absorb the
+duplicate by message id.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from aio_pika.exceptions import CONNECTION_EXCEPTIONS as AMQP_AWAY
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from saga_coordinator.dead_letters import bury_unroutable
+from saga_coordinator.ownership import lock_session
 from saga_coordinator.sender import Recover
 from saga_coordinator.store import RELAY_LOCK, Conn, Q, Tx
 from saga_shared.config import Settings
@@ -55,7 +58,11 @@ class Relay:
         the session's: held for as long as the connection lives, so a batch costs two
         statements and no transaction, and it passes to another relay when this one dies."""
         if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncpg.connect(self.url)
+            # A frozen relay's session is ended by the server, so its lock passes: the rows only
+            # the relay publishes (deadlines, resends) would otherwise wait for it to wake.
+            self._conn = await asyncpg.connect(
+                self.url, server_settings=lock_session(self.settings, "relay")
+            )
             self._leading = False
         if not self._leading:
             self._leading = bool(await self._conn.fetchval(Q.relay_lead, RELAY_LOCK))

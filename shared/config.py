@@ -296,6 +296,13 @@ class Settings(BaseSettings):
         chosen = {k: v for k, v in overrides.items() if v is not None}
         return settings.with_(**chosen) if chosen else settings
 
+    @property
+    def lease_s(self) -> float:
+        """How long a process that stopped (frozen) keeps what it holds in Postgres: its
+        partition and relay locks, and the row locks of a transaction it had open.
+        ``partition_lease_s``, and never under three looks."""
+        return max(self.partition_lease_s, 3 * self.watchdog_s)
+
     def with_(self, **changes: Any) -> Settings:
         """A copy with ``changes``, checked like the original (``model_copy`` checks nothing)."""
         return type(self)(**{**self.model_dump(), **changes})

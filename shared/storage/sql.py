@@ -78,10 +78,15 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(
-    url: str, *, min_size: int, max_size: int, plan_cache_mode: str | None = None
-) -> asyncpg.Pool:
-    """``plan_cache_mode``: Postgres's setting for the pool's sessions (None: the server's)."""
+    url: str, *, min_size: int, max_size: int, plan_cache_mode: str | None = None,
+    idle_in_transaction_s: float | None = None,
+) -> asyncpg.Pool:  # fmt: skip
+    """``plan_cache_mode``: Postgres's setting for the pool's sessions (None: the server's).
+    ``idle_in_transaction_s``: the server ends a session that sat that long inside a transaction
+    (its process frozen), so the row locks it held do not stop every other process."""
     server = {} if plan_cache_mode is None else {"plan_cache_mode": plan_cache_mode}
+    if idle_in_transaction_s is not None:
+        server["idle_in_transaction_session_timeout"] = str(int(idle_in_transaction_s * 1000))
     return await asyncpg.create_pool(
         url, min_size=min_size, max_size=max_size, reset=_keep_session, server_settings=server
     )

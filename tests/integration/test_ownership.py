@@ -7,9 +7,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import asyncpg
+import pytest
+
 from saga_app.stack import Stack
 from saga_coordinator.ownership import Change, Ownership
+from saga_coordinator.relay import Relay
 from saga_shared.config import Settings
+from saga_shared.storage.sql import create_pool
 from saga_shared.transport.bus import Bus
 from tests.integration.helpers import eventually, publish_start, remove_namespace, terminal
 from tests.integration.test_request_queues import holding, lose, patient
@@ -80,3 +85,37 @@ async def test_a_coordinator_that_starts_sends_again_what_was_lost_while_it_was_
 
     assert state.status == "completed"
     assert state.steps[0].max_sends == 21
+
+
+async def test_a_frozen_relay_and_a_frozen_transaction_let_go_after_the_lease(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """What a frozen coordinator holds in Postgres passes after ``SAGA_PARTITION_LEASE_S``: the
+    relay's lock (its rows would otherwise wait for it to wake), and the row locks of a
+    transaction it had open (every other process would otherwise wait on them)."""
+    fast = settings.with_(partition_lease_s=1.0)
+    bus = Bus(fast)  # the lead needs no broker
+    first, second = Relay(fast, pool, bus), Relay(fast, pool, bus)
+    frozen = await create_pool(fast.database_url, min_size=1, max_size=1,
+                               idle_in_transaction_s=fast.lease_s)  # fmt: skip
+    try:
+        assert await first._lead() is not None
+        assert await second._lead() is None
+        await asyncio.sleep(1.5)  # first frozen: no statement for longer than the lease
+        assert await second._lead() is not None
+
+        key = f"frozen-{fast.namespace}"
+        async with frozen.acquire() as conn:
+            transaction = conn.transaction()
+            await transaction.start()
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", key)
+            await asyncio.sleep(1.5)  # frozen inside its transaction
+            taken = await pool.fetchval("SELECT pg_try_advisory_xact_lock(hashtext($1))", key)
+            with pytest.raises((asyncpg.PostgresError, asyncpg.InterfaceError)):
+                await conn.execute("SELECT 1")  # woken: its session was ended
+        assert taken is True
+    finally:
+        for relay in (first, second):
+            if relay._conn is not None:
+                await relay._conn.close()
+        frozen.terminate()
