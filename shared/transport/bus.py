@@ -64,6 +64,9 @@ class Bus:
         self._connection: AbstractRobustConnection | None = None
         self._publisher: AbstractChannel | None = None
         self._proven: set[str] = set()  # exchanges a publish reached (see publish_many)
+        # Where a publish to an exchange not proven yet goes, one at a time (``_publish_apart``).
+        self._apart: AbstractChannel | None = None
+        self._apart_lock = asyncio.Lock()
 
     async def connect(self) -> None:
         frames.install(self.settings.coalesce_frames)
@@ -190,14 +193,46 @@ class Bus:
     ) -> None:
         """Publish and wait for the broker's confirm. Work routes (partitions, actions) must reach
         a queue, so they are mandatory: an unroutable message raises instead of vanishing."""
-        channel, underlay = await self._channel()
         must = self._mandatory(exchange) if mandatory is None else mandatory
+        if exchange not in self._proven:
+            await self._publish_apart(exchange, routing_key, message, must)
+            self._proven.add(exchange)
+            return
+        channel, underlay = await self._channel()
         try:
             await self._send(underlay, exchange, routing_key, message, must)
         except aiormq.exceptions.DeliveryError as exc:
             await self._after_refusal(channel, [exc])
             raise
-        self._proven.add(exchange)
+
+    async def _publish_apart(
+        self, exchange: str, routing_key: str, message: Publishable, mandatory: bool
+    ) -> None:
+        """A publish to an exchange no publish has reached yet goes on a channel of its own, one
+        at a time: were the exchange missing, the broker closes that channel, and a frame
+        another publisher (the sender, the relay) had sent behind it on a shared one would turn
+        that into closing the whole connection (seen in CI: the relay publishing a row for a
+        deleted exchange while the sender published on the same channel)."""
+        async with self._apart_lock:
+            if self._apart is None:
+                self._apart = await self.connection.channel(
+                    publisher_confirms=True, on_return_raises=True
+                )
+            elif self._apart.is_closed:
+                await self._apart.reopen()
+            underlay = cast(aiormq.Channel, await self._apart.get_underlay_channel())
+            try:
+                await underlay.basic_publish(
+                    message.body, exchange=exchange, routing_key=routing_key,
+                    properties=self._stamped(message), mandatory=mandatory,
+                    timeout=self.settings.publish_timeout_s,
+                )  # fmt: skip
+            except aiormq.exceptions.DeliveryError as exc:
+                if refused_for_now(exc):  # a nacking channel keeps nacking: use a new one
+                    channel, self._apart = self._apart, None
+                    with contextlib.suppress(Exception):
+                        await channel.close()
+                raise
 
     async def _after_refusal(
         self, channel: AbstractChannel | None, errors: Sequence[BaseException | None]

@@ -85,3 +85,37 @@ async def test_a_missing_exchange_fails_alone_and_the_connection_survives(
     ]
     assert not bus.connection.is_closed
     await channel.close()
+
+
+async def test_a_missing_exchange_never_closes_the_channel_another_publisher_uses(
+    bus: Bus, ids: bool
+) -> None:
+    """Two publishers on one bus, as the sender and the relay are: one pipelines to a queue while
+    the other keeps publishing to an exchange that does not exist. Every good publish is
+    confirmed and the connection stays open (before, the missing exchange's 404 closed the
+    shared channel under the other's frames, and the broker then closed the connection)."""
+    channel = await bus.connection.channel()
+    queue = await channel.declare_queue(exclusive=True)
+    await bus.publish_raw("", queue.name, aio_pika.Message(b"proven"))
+
+    async def good() -> list[BaseException | None]:
+        errors: list[BaseException | None] = []
+        for i in range(20):
+            batch = [("", queue.name, msg(f"{i}-{j}".encode(), ids)) for j in range(10)]
+            errors += await bus.publish_many(batch)
+        return errors
+
+    async def bad() -> list[BaseException | None]:
+        return [
+            (await bus.publish_many([("no-such-exchange", "x", msg(b"nowhere", ids))]))[0]
+            for _ in range(20)
+        ]
+
+    confirmed, refused = await asyncio.gather(good(), bad())
+
+    assert confirmed == [None] * 200
+    assert all(isinstance(e, aiormq.exceptions.ChannelNotFoundEntity) for e in refused)
+    assert not bus.connection.is_closed
+    await bus.publish_raw("", queue.name, aio_pika.Message(b"still"))
+    assert (await queue.declare()).message_count == 202
+    await channel.close()
