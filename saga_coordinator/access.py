@@ -55,6 +55,7 @@ def _names(settings: Settings) -> dict[str, str]:
         "commands": f"{ns}\\.commands",
         "events": f"{ns}\\.events",
         "partitions": f"{ns}\\.partitions",
+        "outcomes": f"{ns}\\.outcomes",
         "dlx": f"{ns}\\.dlx",
     }
 
@@ -63,7 +64,8 @@ def grants(settings: Settings) -> list[Grant]:
     """The permission table. Clients (agents, operators, people, the console) may create only
     the queues they listen on (``amq.gen-*``, ``amq_<hex>``) and write only the commands exchange,
     under the routing keys of the commands their role may send; services only read their own
-    action and request queues, write outcomes into the partitions, and bury a request past its
+    action and request queues, write outcomes into the partitions (through the outcomes
+    exchange, whose alternate is the partitions exchange), and bury a request past its
     delivery limit in the dead-letter exchange (a classic queue does not); only the
     coordinator, which owns the topology, configures anything."""
     n = _names(settings)
@@ -100,7 +102,7 @@ def grants(settings: Settings) -> list[Grant]:
                 f"{d.prefix}{service}",
                 service,
                 configure="^$",
-                write=f"^({n['partitions']}|{n['dlx']})$",
+                write=f"^({n['partitions']}|{n['outcomes']}|{n['dlx']})$",
                 read=f"^{n['ns']}\\.(action|request)\\.{re.escape(service)}$",
             )
         )

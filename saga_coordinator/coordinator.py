@@ -1,6 +1,8 @@
 """The coordinator: consumes the partitions it owns (``saga_coordinator.ownership``), one message
 at a time per partition, and applies them through the ``Processor``, the messages of different
-partitions that arrive together in one transaction (``GroupCommit``)."""
+partitions that arrive together in one transaction (``GroupCommit``). A partition is two queues
+in one convoy: its quorum queue (commands, deadlines, settles' answers) and its classic outcome
+queue, whose outcomes a failure moves to the quorum queue (``_outcome``)."""
 
 from __future__ import annotations
 
@@ -21,18 +23,19 @@ from saga_coordinator.sender import Sender
 from saga_coordinator.store import Store
 from saga_shared.config import Settings
 from saga_shared.crashpoints import crash_point
-from saga_shared.errors import InvalidMessage
+from saga_shared.errors import InvalidMessage, RetryLater
 from saga_shared.model.catalog import Catalog
 from saga_shared.model.gateway import AdmittedPlan
 from saga_shared.model.messages import DeskCommand, PartitionMessage, QuerySaga
 from saga_shared.observability import tracing
 from saga_shared.security import trust
 from saga_shared.security.identity import Directory, database_url_for
-from saga_shared.security.trust import REPLAY_HEADER, Forged
+from saga_shared.security.trust import MOVED_HEADER, REPLAY_HEADER, Forged
 from saga_shared.transport.bus import Bus
 from saga_shared.transport.codec import (
     PARTITION,
     check_order_header,
+    copy_of,
     decode_incoming,
     identify_incoming,
     order_header,
@@ -142,7 +145,7 @@ class Coordinator:
                 f"order {message.order_id} is routed to partition "
                 f"{partition_of(message.order_id, self.settings.partitions)}, not {partition}"
             )
-        sender = delivery.user_id
+        sender = trust.first_sender(self.directory, delivery.user_id, delivery.headers)
         replay = (delivery.headers or {}).get(REPLAY_HEADER)
         if replay is not None and self.directory.is_coordinator(sender):
             found, sender = await self.store.replayed_sender(replay, message.message_id)
@@ -152,6 +155,28 @@ class Coordinator:
         note = await self._submit(message, delivery)
         crash_point("coordinator.before_ack")
         log.debug("%s %s %s: %s", message.order_id, message.saga_id, message.type, note)
+
+    async def _outcome(self, delivery: AbstractIncomingMessage, partition: int) -> None:
+        """An outcome from the partition's classic queue, which neither counts deliveries nor
+        dead-letters: handled at its first delivery; one delivered before (its handling failed
+        and was requeued, or a process died holding it) or refused (invalid, forged) is moved
+        to the partition's quorum queue, which does both, and is handled there. The move is a
+        publish with a confirm, then the ack: a crash between leaves two copies, and the inbox
+        absorbs the second."""
+        if not delivery.redelivered:
+            try:
+                await self.handle(delivery, partition)
+                return
+            except InvalidMessage:
+                pass  # judged again there, and dead-lettered by the broker
+        moved = copy_of(delivery, {MOVED_HEADER: delivery.user_id or ""})
+        topology = self.bus.topology
+        try:
+            await self.bus.publish_raw(topology.partitions_exchange, str(partition), moved)
+        except Exception as exc:
+            raise RetryLater(f"could not move it to {topology.partition_queue(partition)}: "
+                             f"{exc!r}") from exc  # fmt: skip
+        log.info("outcome %s moved to %s", delivery.message_id, topology.partition_queue(partition))
 
     async def _submit(
         self, message: PartitionMessage, delivery: AbstractIncomingMessage,
@@ -221,6 +246,9 @@ class Coordinator:
         async def handle(delivery: AbstractIncomingMessage) -> None:
             await self.handle(delivery, index)
 
+        async def outcome(delivery: AbstractIncomingMessage) -> None:
+            await self._outcome(delivery, index)
+
         await self.bus.consume(
             queue,
             handle,
@@ -237,6 +265,7 @@ class Coordinator:
                 key=self._block_key,
                 hold_s=self.settings.db_retry_s,
             ),
+            also=[(self.bus.topology.outcome_queue(index), outcome)],
         )
 
 

@@ -298,13 +298,17 @@ class DeadLetterIngester:
     def sender_of(self, delivery: AbstractIncomingMessage, death: Death) -> str | None:
         """Who sent the letter's message: the broker's verified user, or, for a letter that the
         consumer of a request queue buried itself, the sender it names, believed only from the
-        service whose queue it is (anyone else's copy is judged as theirs)."""
+        service whose queue it is (anyone else's copy is judged as theirs); for an outcome a
+        coordinator moved to a partition's quorum queue, the sender it names
+        (``trust.first_sender``)."""
         publisher = header_text(delivery.user_id, 128)
         ours = (delivery.headers or {}).get(DEAD_HEADER)
         kind, service = self.bus.topology.kind_of(death.queue)
         if (isinstance(ours, dict) and kind == "action"
                 and self.directory.owns(publisher, f"{service}.")):  # fmt: skip
             return header_text(ours.get("sender"), 128)
+        if kind == "partition":  # moved there from the outcome queue by a coordinator
+            return trust.first_sender(self.directory, publisher, delivery.headers)
         return publisher
 
     async def judge(

@@ -117,7 +117,8 @@ class DeadLetterDesk:
     def _reenters_convoy(self, exchange: str) -> bool:
         # Such a message comes back through the order's partition with its block's id and lifts
         # the block itself when handled; any other (an action request) lifts it now.
-        return exchange in (self.topology.partitions_exchange, self.topology.commands_exchange)
+        t = self.topology
+        return exchange in (t.partitions_exchange, t.outcomes_exchange, t.commands_exchange)
 
     async def replay(self, dl_id: int, actor: str, note: str = "", role: str = "") -> Handled:
         async def work(tx: Tx) -> Handled:

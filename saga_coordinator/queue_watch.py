@@ -1,13 +1,16 @@
-"""Finds a request queue gone, and what may have gone with it (the decision: ``lost``).
+"""Finds a request or outcome queue gone, and what may have gone with it (the decision: ``lost``).
 
-A request queue is classic and not durable (``Topology.request_queue``): a broker restart, or on
-a cluster its node going down, deletes it with the requests in it. AMQP tells a publisher nothing
-of it until a publish comes back unroutable, and nothing at all when no publish comes; so every
-coordinator looks for its request queues every ``SAGA_WATCHDOG_S`` (a passive declare each)
-and, for one that is gone,
-as for a publish that came back: declares the topology again, then hands each step whose
-request was out to that service a lost-marked ``saga.deadline`` through its order's partition
-(the outbox; the relay publishes).
+Request and outcome queues are classic and not durable (``Topology.request_queue``,
+``Topology.outcome_queue``): a broker restart, or on a cluster their node going down, deletes
+them with what they held. AMQP tells a publisher nothing of it until a publish comes back
+unroutable (a request; an outcome goes to its partition's quorum queue instead, through the
+alternate exchange), and nothing at all when no publish comes; so every coordinator looks for
+them every ``SAGA_WATCHDOG_S`` (a passive declare each). For a request queue that is gone, as
+for a publish that came back, it declares the topology again, then hands each step whose request
+was out to that service a lost-marked ``saga.deadline`` through its order's partition (the
+outbox; the relay publishes). For an outcome queue, the same for every step of the partition's
+orders with a request out, whatever its service: its answer may have gone with the queue, and
+the request sent again brings it again (the service's key record answers it).
 Two coordinators finding the same loss send two such messages for a step: the second finds its
 send number stale and is ignored. A coordinator taking partitions over does the same for their
 orders, every service (``resume``): the loss may have come while nobody watched.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from asyncio import current_task
 from collections.abc import Collection
 
 from saga_coordinator.lost import marked
@@ -55,8 +59,9 @@ class QueueWatch:
 
     async def resume(self, partitions: Collection[int]) -> None:
         """``partitions`` were just taken (at a start, from a process that died or froze, after
-        the lock session was lost): send again every request their running steps have out,
-        uncounted, since a request queue may have been lost while nobody owned them. What was
+        the lock session was lost), or their outcome queues found gone: send again every
+        request their running steps have out, uncounted, since a request or outcome queue may
+        have been lost while nobody owned them. What was
         not lost is absorbed by the services' key records, or answered by the process still
         calling it. The database away: owed, sent at the next look."""
         self._owed_partitions |= set(partitions)
@@ -72,7 +77,7 @@ class QueueWatch:
             return
         self._owed_partitions -= owed
         if sent:
-            log.info("partition(s) %s taken: %d running request(s) sent again, uncounted",
+            log.info("partition(s) %s: %d running request(s) sent again, uncounted",
                      sorted(owed), sent)  # fmt: skip
 
     async def _resend(
@@ -101,14 +106,28 @@ class QueueWatch:
 
     async def run(self) -> None:
         t = self.bus.topology
-        queues = {t.request_queue(s): s for s in t.services}
+        requests = {t.request_queue(s): s for s in t.services}
+        outcomes = {t.outcome_queue(p): p for p in range(t.partitions)}
         while True:
             await asyncio.sleep(self.settings.watchdog_s)
             try:
-                gone = {queues[q] for q in await self.bus.missing(list(queues))} | self._owed
+                missing = set(await self.bus.missing([*requests, *outcomes]))
+                gone = {requests[q] for q in missing if q in requests} | self._owed
                 if gone:
                     await self.recover(gone)
+                lost = sorted(outcomes[q] for q in missing if q in outcomes)
+                if lost:
+                    await self.bus.declare()
+                    log.warning("outcome queue(s) of partition(s) %s were gone: declared again",
+                                lost)  # fmt: skip
+                    await self.resume(lost)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the broker or the database away: look again later
-                log.warning("could not look for the request queues: %r", exc)
+                log.warning("could not look for the request and outcome queues: %r", exc)
+            task = current_task()
+            if task is not None and task.cancelling():
+                # Cancelled during the look, and the cancel swallowed on the way or come out as
+                # another error (aiormq closing a channel whose call was cancelled): a stop
+                # waited for ever on this task before.
+                raise asyncio.CancelledError

@@ -281,7 +281,7 @@ class Adapter:
         """One confirm round for the outcomes, each carrying its request's span (``None``: the
         current one); an outcome the broker cannot take for now keeps its request in hand."""
         assert self.bus is not None
-        items = [self.bus.for_partition(out, tracing.headers_of(span)) for _, out, span in outcomes]
+        items = [self.bus.for_outcome(out, tracing.headers_of(span)) for _, out, span in outcomes]
         return await publish_in_hand(self.bus, items, deliveries)
 
     def _span(

@@ -81,10 +81,11 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGUSR2, _dump_tasks)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    """A test about to hit its timeout first has its loop's tasks printed (``_dump_tasks``)."""
-    limit = float(item.config.getoption("timeout", None) or 0)
+def _watched(item: pytest.Item) -> Iterator[None]:
+    """A phase (setup, call, teardown: each has its own timeout) about to hit its timeout first
+    has its loop's tasks printed (``_dump_tasks``)."""
+    # The command line's --timeout, else pyproject's ``timeout`` (getoption alone misses it).
+    limit = float(item.config.getoption("timeout", None) or item.config.getini("timeout") or 0)
     marker = item.get_closest_marker("timeout")
     if marker is not None and marker.args:
         limit = float(marker.args[0])
@@ -98,6 +99,21 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     finally:
         if timer is not None:
             timer.cancel()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    yield from _watched(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    yield from _watched(item)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    yield from _watched(item)
 
 
 @pytest.fixture(autouse=True)

@@ -111,7 +111,7 @@ class Broker:
         self.trace: list[Event] = []
         self.callback_errors: list[BaseException] = []  # consumers' callbacks that raised
         self.up = True
-        self.router = Router(exchanges_of(topology), topology.bindings())
+        self.router = Router(exchanges_of(topology), topology.bindings(), topology.alternates())
         self.queues: dict[str, SimQueue[Consumer]] = {}
         self._mids = itertools.count(1)
         self._numbers = itertools.count(1)

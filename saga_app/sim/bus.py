@@ -1,5 +1,5 @@
 """What the project's code asks of ``saga_shared.transport.bus.Bus``, on a simulated connection: the
-adapter framework (``for_partition``, ``publish_many`` through ``saga_shared.transport.patience``)
+adapter framework (``for_outcome``, ``publish_many`` through ``saga_shared.transport.patience``)
 and the gatekeeper (``publish``) run unchanged over the simulated broker."""
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ class SimBus:
     def for_partition(self, message: Envelope, headers: dict[str, Any] | None = None) -> Item:
         key = self.topology.partition_key(message.order_id)
         return self.topology.partitions_exchange, key, message_to_amqp(message, headers)
+
+    def for_outcome(self, message: Envelope, headers: dict[str, Any] | None = None) -> Item:
+        key = self.topology.partition_key(message.order_id)
+        exchange = self.topology.answer_exchange(message.type)
+        return exchange, key, message_to_amqp(message, headers)
 
     def _mandatory(self, exchange: str) -> bool:
         return exchange not in ("", self.topology.events_exchange)

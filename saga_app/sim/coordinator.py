@@ -10,6 +10,7 @@ deadlines, and dead letters are judged, stored and block their orders."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Sequence
 from dataclasses import replace
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from aio_pika.abc import AbstractIncomingMessage
 
 from saga_app.sim.bus import SimBus
-from saga_app.sim.errors import Unroutable
+from saga_app.sim.errors import ChannelGone, NotFound, Unroutable
 from saga_app.sim.messages import FakeDelivery
 from saga_coordinator.dead_letters import DeadLetterIngester, applied_elsewhere, read_death
 from saga_coordinator.gatekeeper import Gatekeeper, stamped
@@ -26,14 +27,15 @@ from saga_coordinator.memory import MemoryTx
 from saga_coordinator.processor import Processor
 from saga_coordinator.rows import OutboxRow
 from saga_coordinator.store import Store
-from saga_shared.errors import InvalidMessage
+from saga_shared.errors import InvalidMessage, RetryLater
 from saga_shared.model.messages import DeskCommand, PartitionMessage, QuerySaga
 from saga_shared.security import trust
-from saga_shared.security.trust import Forged
+from saga_shared.security.trust import MOVED_HEADER, Forged
 from saga_shared.transport.bus import Bus
 from saga_shared.transport.codec import (
     PARTITION,
     check_order_header,
+    copy_of,
     decode_incoming,
     identify_incoming,
 )
@@ -65,10 +67,12 @@ class CoordinatorProcess:
                                cast(Store, w.records))  # fmt: skip
         self.judge = DeadLetterIngester(w.settings, cast(Bus, self.bus), cast(Store, None))
         self.alive = True
+        self.outcome_tags: set[str] = set()
         for p in range(w.settings.partitions):
             inbox: asyncio.Queue[FakeDelivery] = asyncio.Queue()
             self.connection.consume(w.topology.partition_queue(p), inbox.put, prefetch=PREFETCH)
             self._spawn(self._partition(p, inbox))
+            self._spawn(self._outcomes(p, inbox))
         letters: asyncio.Queue[FakeDelivery] = asyncio.Queue()
         self.connection.consume(w.topology.dead_letter_queue, letters.put, prefetch=1)
         self._spawn(self._dead_letters(letters))
@@ -95,9 +99,47 @@ class CoordinatorProcess:
 
     async def _partition(self, p: int, inbox: asyncio.Queue[FakeDelivery]) -> None:
         handle = functools.partial(self.handle, partition=p)
+        outcome = functools.partial(self._outcome, partition=p)
         while True:
             delivery = await inbox.get()
-            await deliver(delivery, handle, on_failure=self._on_failure)
+            if delivery.consumer_tag not in self.outcome_tags:
+                await deliver(delivery, handle, on_failure=self._on_failure)
+                continue
+            # Its queue deleted meanwhile, the delivery has nothing to settle with any more.
+            with contextlib.suppress(ChannelGone):
+                await deliver(delivery, outcome, on_failure=self._on_failure)
+
+    async def _outcomes(self, p: int, inbox: asyncio.Queue[FakeDelivery]) -> None:
+        """The partition's outcome queue, into the partition's one convoy; subscribed again
+        when the broker cancels it (its queue gone) or it is not there yet."""
+        while True:
+            try:
+                consumer = self.connection.consume(
+                    self.world.topology.outcome_queue(p), inbox.put, prefetch=PREFETCH
+                )
+            except NotFound:
+                await asyncio.sleep(WATCHDOG_S)
+                continue
+            self.outcome_tags.add(consumer.tag)
+            while not consumer.closed:  # noqa: ASYNC110 (polled, as the real watchdog polls)
+                await asyncio.sleep(WATCHDOG_S)
+
+    async def _outcome(self, delivery: AbstractIncomingMessage, *, partition: int) -> None:
+        """``Coordinator._outcome``: handled at its first delivery; redelivered or refused,
+        moved to the partition's quorum queue."""
+        if not delivery.redelivered:
+            try:
+                await self.handle(delivery, partition=partition)
+                return
+            except InvalidMessage:
+                pass
+        moved = copy_of(delivery, {MOVED_HEADER: delivery.user_id or ""})
+        try:
+            await self.bus.publish_raw(self.world.topology.partitions_exchange, str(partition),
+                                       moved)  # fmt: skip
+        except Exception as exc:
+            raise RetryLater(f"could not move it: {exc!r}") from exc
+        self.world.note(self.name, f"outcome {delivery.message_id} moved")
 
     async def handle(self, delivery: AbstractIncomingMessage, *, partition: int) -> None:
         w = self.world
@@ -118,7 +160,8 @@ class CoordinatorProcess:
             check_order_header(delivery, message.order_id)
             if partition_of(message.order_id, w.settings.partitions) != partition:
                 raise InvalidMessage(f"order {message.order_id} is not routed to {partition}")
-            trust.partition_message(w.directory, message, delivery.user_id)
+            sender = trust.first_sender(w.directory, delivery.user_id, delivery.headers)
+            trust.partition_message(w.directory, message, sender)
         try:
             w.sabotage(message)  # an injected bug: this message fails for a while
             await self._apply([message])
@@ -184,30 +227,41 @@ class CoordinatorProcess:
         done = [i for (i, _), error in zip(sent, errors, strict=True) if error is None]
         self.world.store.forget(done)
 
-    async def _recover(self, services: set[str]) -> None:
-        """``saga_coordinator.queue_watch.QueueWatch.recover``: the queues declared again, and
-        each request that was out to them handed a lost-marked deadline."""
+    async def _recover(self, services: set[str], partitions: set[int] | None = None) -> None:
+        """``saga_coordinator.queue_watch.QueueWatch.recover`` (and ``resume``, for outcome
+        queues): the queues declared again, and each request that was out to ``services`` (of
+        the orders in ``partitions``: all when None) handed a lost-marked deadline."""
         w = self.world
         await self.bus.declare()
         t = w.topology
 
         async def resend(tx: MemoryTx) -> None:
             tx.outbox([OutboxRow.of(t.partitions_exchange, t.partition_key(m.order_id), m)
-                       for m in tx.requests_out(services)])  # fmt: skip
+                       for m in tx.requests_out(services)
+                       if partitions is None
+                       or partition_of(m.order_id, t.partitions) in partitions])  # fmt: skip
 
         _, sent = await w.store.run_held(resend)
-        w.note(self.name, f"request queues of {sorted(services)} gone: {len(sent)} sent again")
+        what = f"partitions {sorted(partitions)}" if partitions is not None else sorted(services)
+        w.note(self.name, f"queues of {what} gone: {len(sent)} sent again")
         await self._publish(sent)
 
     async def _watch(self) -> None:
-        """``QueueWatch.run``: every request queue looked for, every watchdog period."""
-        w = self.world
-        queues = {w.topology.request_queue(s): s for s in w.topology.services}
+        """``QueueWatch.run``: every request and outcome queue looked for, every watchdog
+        period."""
+        w, t = self.world, self.world.topology
+        queues = {t.request_queue(s): s for s in t.services}
+        outcomes = {t.outcome_queue(p): p for p in range(t.partitions)}
         while True:
             await asyncio.sleep(WATCHDOG_S)
+            if not w.broker.up or w.store.down():
+                continue
             gone = {s for q, s in queues.items() if q not in w.broker.queues}
-            if gone and w.broker.up and not w.store.down():
+            if gone:
                 await self._recover(gone)
+            lost = {p for q, p in outcomes.items() if q not in w.broker.queues}
+            if lost:
+                await self._recover(set(t.services), lost)
 
     async def _relay(self) -> None:
         """Rows nobody published (a crash between commit and publish, a broker away): the

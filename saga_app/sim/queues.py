@@ -97,6 +97,7 @@ def exchanges_of(topology: Topology) -> dict[str, str]:
     return {
         t.commands_exchange: "topic",
         t.partitions_exchange: "direct",
+        t.outcomes_exchange: "direct",
         t.actions_exchange: "direct",
         t.events_exchange: "topic",
         t.dead_letter_exchange: "fanout",
@@ -112,6 +113,9 @@ def queues_of(topology: Topology) -> list[tuple[str, dict[str, Any], bool]]:
         if topology.is_request_queue(name):
             out.append((name, topology.request_queue_args(), False))
             continue
+        if topology.is_outcome_queue(name):
+            out.append((name, topology.outcome_queue_args(), False))
+            continue
         if kind in ("intake", "partition", "action"):
             args = topology._work_queue_args(single_active=kind != "action")
         else:
@@ -124,8 +128,12 @@ class Router:
     """Exchanges and bindings. Routes are cached per (exchange, key) until a binding changes:
     every message crosses here, and a topic match walks every binding."""
 
-    def __init__(self, kinds: dict[str, str], bindings: Iterable[tuple[str, str, str]]) -> None:
+    def __init__(
+        self, kinds: dict[str, str], bindings: Iterable[tuple[str, str, str]],
+        alternates: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.kinds = dict(kinds)
+        self.alternates = dict(alternates or {})  # what an exchange cannot route goes there
         self.bindings = list(bindings)  # (exchange, pattern, queue), in declaration order
         self._routes: dict[tuple[str, str], list[str]] = {}
 
@@ -148,6 +156,8 @@ class Router:
         found = self._routes.get((exchange, key))
         if found is None:
             found = self._routes[(exchange, key)] = self._match(exchange, key)
+        if not found and exchange in self.alternates:
+            return self.route(self.alternates[exchange], key, queues)
         return found
 
     def _match(self, exchange: str, key: str) -> list[str]:

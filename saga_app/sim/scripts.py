@@ -114,20 +114,20 @@ async def fault(world: World, f: Fault) -> None:
 
 
 def lose_requests(world: World, *, deleted: bool) -> None:
-    """Every request queue lost at this instant (what is in it and in its consumers' hands):
-    deleted with its node (consumers cancelled; declared again by the next publish that comes
-    back), or emptied while it survives."""
+    """Every request and outcome queue lost at this instant (what is in it and in its consumers'
+    hands): deleted with its node (consumers cancelled; declared again by the next publish that
+    comes back, or the coordinators' watch), or emptied while it survives."""
     broker, t = world.broker, world.topology
     if not broker.up:
         return
-    for name in [n for n in list(broker.queues) if t.is_request_queue(n)]:
+    for name in [n for n in list(broker.queues) if t.is_transient_queue(n)]:
         if deleted:
             broker.delete_queue(name)
         else:
             queue = broker.queues[name]
             for stored in queue.keep_only(lambda _: False):
                 broker.record("lost", name, stored, "lost from a queue that survives")
-    world.note("broker", f"request queues {'deleted' if deleted else 'emptied'}")
+    world.note("broker", f"request and outcome queues {'deleted' if deleted else 'emptied'}")
 
 
 async def restart(

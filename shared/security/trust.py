@@ -29,6 +29,9 @@ from saga_shared.model.text import header_text
 from saga_shared.security.identity import Directory
 
 REPLAY_HEADER = "x-replay-of"
+# Set by a coordinator that moved an outcome from a partition's classic outcome queue to its quorum
+# queue (saga_coordinator.coordinator): the user the broker verified on the outcome as published.
+MOVED_HEADER = "x-saga-moved-from"
 # Set by the console on the commands it sends for the person signed in to it.
 ON_BEHALF_HEADER = "x-on-behalf-of"
 _PERSON = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
@@ -81,6 +84,18 @@ def is_person(directory: Directory, name: str) -> bool:
     """Whether someone the console signed in has a person's rights: one named in
     ``SAGA_PEOPLE``; anyone in ``shared`` mode, which verifies nobody."""
     return not directory.verifies or name in directory.people
+
+
+def first_sender(
+    directory: Directory, user: str | None, headers: Mapping[str, Any] | None
+) -> str | None:
+    """Who published a partition's message: the broker's verified ``user``, or, for one a
+    coordinator moved from an outcome queue, the user it names (believed from a coordinator
+    only: anyone else's header is ignored, and the message judged as theirs)."""
+    moved = (headers or {}).get(MOVED_HEADER)
+    if moved is not None and directory.is_coordinator(user):
+        return header_text(moved, 128)
+    return user
 
 
 def partition_message(directory: Directory, message: PartitionMessage, user: str | None) -> None:

@@ -106,7 +106,7 @@ class Bus:
         try:
             await self.topology.declare(channel, requests=requests)
         finally:
-            await channel.close()
+            await _close_quietly(channel)
 
     async def depths(self, names: Sequence[str] | None = None) -> dict[str, QueueDepth | None]:
         """Each queue's messages ready and consumers (by default the topology's), by a passive
@@ -126,8 +126,8 @@ class Bus:
                 except (aio_pika.exceptions.AMQPError, ConnectionError, TimeoutError):
                     found[name] = None
         finally:
-            if channel is not None and not channel.is_closed:
-                await channel.close()
+            if channel is not None:
+                await _close_quietly(channel)
         return found
 
     async def missing(self, names: Sequence[str]) -> list[str]:
@@ -144,8 +144,8 @@ class Bus:
                 except aiormq.exceptions.ChannelNotFoundEntity:
                     gone.append(name)  # the broker closed the channel: the next one opens anew
         finally:
-            if channel is not None and not channel.is_closed:
-                await channel.close()
+            if channel is not None:
+                await _close_quietly(channel)
         return gone
 
     async def _channel(self) -> tuple[AbstractChannel, aiormq.Channel]:
@@ -322,6 +322,13 @@ class Bus:
     async def to_partition(self, message: Envelope, headers: dict[str, Any] | None = None) -> None:
         await self.publish_raw(*self.for_partition(message, headers))
 
+    def for_outcome(self, message: Envelope, headers: dict[str, Any] | None = None) -> Item:
+        """A service's answer addressed to its order's partition (``Topology.answer_exchange``),
+        for ``publish_many``."""
+        key = self.topology.partition_key(message.order_id)
+        exchange = self.topology.answer_exchange(message.type)
+        return exchange, key, message_to_amqp(message, headers)
+
     # Consume until cancelled: ``saga_shared.transport.consumer.consume``, with this bus as its
     # first argument.
     consume = consume
@@ -331,6 +338,15 @@ class Bus:
 class QueueDepth:
     messages: int  # ready, not yet delivered
     consumers: int
+
+
+async def _close_quietly(channel: AbstractChannel) -> None:
+    """Close a channel of a look (a declare, a passive declare) whatever happened to it: an error
+    closing it must not take the place of the one that ended the look, least of all of a
+    cancel (a task that swallowed its cancel that way kept a stop waiting for ever)."""
+    if not channel.is_closed:
+        with contextlib.suppress(Exception):
+            await channel.close()
 
 
 def _is_a_publisher(bus: Bus) -> Publisher:

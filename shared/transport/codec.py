@@ -92,6 +92,19 @@ def to_amqp(
     )
 
 
+def copy_of(message: AbstractIncomingMessage, headers: dict[str, Any]) -> Outgoing:
+    """A delivered message to publish again, persistent (buried, moved to a quorum queue): its
+    properties as they came (the publishing bus stamps its own user), ``headers`` added."""
+    properties = pamqp.commands.Basic.Properties(
+        content_type=message.content_type, content_encoding=message.content_encoding,
+        headers={**(message.headers or {}), **headers}, delivery_mode=PERSISTENT,
+        correlation_id=message.correlation_id, reply_to=message.reply_to,
+        message_id=message.message_id,
+        timestamp=message.timestamp, message_type=message.type, app_id=message.app_id,
+    )  # fmt: skip
+    return Outgoing(message.body, properties)
+
+
 def message_to_amqp(message: Outbound, headers: dict[str, Any] | None = None) -> Outgoing:
     return to_amqp(
         encode(message),

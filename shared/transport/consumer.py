@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -77,6 +77,7 @@ async def consume(
     depth: int = 1,
     linger: Linger = NEVER,
     poison: Poison | None = None,
+    also: Sequence[tuple[str, Handler]] = (),
 ) -> None:
     """Consume until cancelled. ``sequential`` handles one delivery at a time in queue order
     (aio-pika would otherwise run one task per delivery and lose the order).
@@ -93,6 +94,10 @@ async def consume(
     the next waits for company (``linger``), go together into the next one (up to
     ``max_batch``), which ``batch`` handles in one go; what it hands back ``Alone`` runs on
     its own through ``handler``.
+
+    ``also``: more queues, each with its handler, consumed on the same channel into the same
+    arrival order, in-hand set and keys (a partition's outcome queue beside its quorum queue:
+    one convoy).
 
     ``poison`` (concurrent mode only): the queue keeps no delivery limit and does no
     dead-lettering of its own (a classic queue); ``poison`` counts and buries instead.
@@ -128,7 +133,7 @@ async def consume(
                     await bus.declare(requests=False)  # those are the coordinator's to find
             subscription = _Subscription(
                 bus, queue_name, handler, prefetch, mode, on_failure, batch, linger,
-                bury=poison.bury if poison is not None else None,
+                bury=poison.bury if poison is not None else None, also=also,
             )  # fmt: skip
             await subscription.run(together, max_batch, depth)
             raise ConsumerLost(f"the consumer of {queue_name} stopped")
@@ -148,10 +153,13 @@ class _Subscription:
         batch: BatchHandler | None,
         linger: Linger = NEVER,
         bury: Bury | None = None,
+        also: Sequence[tuple[str, Handler]] = (),
     ) -> None:
         self.bus = bus
         self.queue_name = queue_name
         self.handler = handler
+        self.also = also
+        self.handlers: dict[str, Handler] = {}  # consumer tag -> handler, for ``also``
         self.prefetch = prefetch
         self.mode = mode
         self.on_failure = on_failure
@@ -165,6 +173,11 @@ class _Subscription:
         self.unsettled = InHand(bury)
         self.batch = batch
         self.linger = linger
+
+    def handler_of(self, message: AbstractIncomingMessage) -> Handler:
+        if not self.handlers:  # one queue
+            return self.handler
+        return self.handlers.get(message.consumer_tag or "", self.handler)
 
     def _waiting(self) -> bool:
         # A later batch in hand settles after this one: its ack can cover the held one.
@@ -183,7 +196,7 @@ class _Subscription:
         self, message: AbstractIncomingMessage, alone: Handler | None = None
     ) -> asyncio.Future[object]:
         settle_with = self.unsettled.settle if self.acks is None else self.acks.settle
-        work = deliver(message, alone or self.handler, self.on_failure, settle_with)
+        work = deliver(message, alone or self.handler_of(message), self.on_failure, settle_with)
         return self.keep(asyncio.ensure_future(work))
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
@@ -269,9 +282,11 @@ class _Subscription:
             outcomes[id(message)] = outcome
 
         if len(taken) == 1:  # the common case when idle: no task of its own, no turn of the loop
-            await deliver(taken[0], self.handler, self.on_failure, hold)
+            await deliver(taken[0], self.handler_of(taken[0]), self.on_failure, hold)
         else:
-            await asyncio.gather(*(deliver(m, self.handler, self.on_failure, hold) for m in taken))
+            await asyncio.gather(
+                *(deliver(m, self.handler_of(m), self.on_failure, hold) for m in taken)
+            )
         if before is not None:
             await asyncio.wait({before})  # its failure, if any, is its own
         for i, message in enumerate(taken):
@@ -288,34 +303,39 @@ class _Subscription:
             worker = asyncio.create_task(self.side_by_side(together, most, depth))
         elif self.mode == "sequential":
             worker = asyncio.create_task(self.one_by_one())
-        tag: str | None = None
-        queue = await channel.get_queue(self.queue_name, ensure=False)
+        tags: dict[str, AbstractQueue] = {}
         try:
-            tag = await queue.consume(self.on_message)
+            for name, handler in ((self.queue_name, None), *self.also):
+                queue = await channel.get_queue(name, ensure=False)
+                tag = await queue.consume(self.on_message)
+                tags[tag] = queue
+                if handler is not None:
+                    self.handlers[tag] = handler
             while True:
                 await asyncio.sleep(self.bus.settings.watchdog_s)
                 underlay = await channel.get_underlay_channel()
                 consumers = getattr(underlay, "consumers", None)
-                if consumers is not None and tag not in consumers:
-                    raise ConsumerLost(f"the broker cancelled the consumer of {self.queue_name}")
+                for tag, queue in tags.items():
+                    if consumers is not None and tag not in consumers:
+                        raise ConsumerLost(f"the broker cancelled the consumer of {queue.name}")
                 if worker is not None and worker.done():
                     worker.result()
         finally:
-            await self._wind_down(channel, queue, tag, worker)
+            await self._wind_down(channel, tags, worker)
 
     async def _wind_down(
         self,
         channel: AbstractChannel,
-        queue: AbstractQueue,
-        tag: str | None,
+        tags: dict[str, AbstractQueue],
         worker: asyncio.Task[None] | None,
     ) -> None:
         """Stop taking deliveries, let the ones in hand finish (bounded), send the acks held
         back, then close: whatever was prefetched but not started goes back to the queue, in
         order."""
-        if tag is not None and not channel.is_closed:
-            with contextlib.suppress(Exception):
-                await queue.cancel(tag)
+        for tag, queue in tags.items():
+            if not channel.is_closed:
+                with contextlib.suppress(Exception):
+                    await queue.cancel(tag)
         if worker is not None:
             worker.cancel()
             await asyncio.gather(worker, return_exceptions=True)

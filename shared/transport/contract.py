@@ -205,8 +205,29 @@ def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
                 }
                 for service in SERVICES
             },
+            f"{t.outcomes_exchange}/{{partition}}": {
+                "description": "Adapters answer a request into the order's partition (direct "
+                f"exchange; the classic queue {t.namespace}.outcome.{{partition}}, or, that "
+                "queue gone, the partition's quorum queue through the alternate exchange "
+                f"{t.partitions_exchange}).",
+                "parameters": {
+                    "partition": _parameter(
+                        f"crc32(UTF-8 order_id) % {partitions} (zlib.crc32), in decimal"
+                    )
+                },
+                "publish": {
+                    "message": {
+                        "oneOf": [
+                            _message("action.done", "The action succeeded"),
+                            _message("action.failed", "The action failed"),
+                        ]
+                    }
+                },
+            },
             f"{t.partitions_exchange}/{{partition}}": {
-                "description": "Adapters answer into the order's partition (direct exchange).",
+                "description": "Adapters answer a settle into the order's partition (direct "
+                "exchange, its quorum queue), as adapters before the outcome queues answered "
+                "every request.",
                 "parameters": {
                     "partition": _parameter(
                         f"crc32(UTF-8 order_id) % {partitions} (zlib.crc32), in decimal"

@@ -42,7 +42,15 @@ class MemoryBus:
         self._seq = count()
         t = topology
         self._topics = {t.commands_exchange, t.events_exchange}
-        self._mandatory = {t.partitions_exchange, t.actions_exchange, t.commands_exchange}
+        self._mandatory = {
+            t.partitions_exchange, t.outcomes_exchange, t.actions_exchange, t.commands_exchange
+        }  # fmt: skip
+        self._alternates = t.alternates()
+
+    def lose(self, queue: str) -> None:
+        """A non-durable queue gone with its node: its messages and bindings."""
+        self.queues.pop(queue, None)
+        self._bindings = [b for b in self._bindings if b[2] != queue]
 
     def bind(self, queue: str, exchange: str, pattern: str) -> None:
         """A client's own queue (replies, events), as ``queue_declare`` + ``queue_bind``."""
@@ -56,7 +64,10 @@ class MemoryBus:
             return [q for e, _, q in self._bindings if e == exchange]
         matches = topic_matches if exchange in self._topics else str.__eq__
         bound = (q for e, k, q in self._bindings if e == exchange and matches(k, routing_key))
-        return sorted(set(bound))
+        found = sorted(set(bound))
+        if not found and exchange in self._alternates:
+            return self.route(self._alternates[exchange], routing_key)
+        return found
 
     async def publish(self, exchange: str, routing_key: str, message: Outbound) -> None:
         self.publish_body(exchange, routing_key, message.type, message.model_dump_json().encode())

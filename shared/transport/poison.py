@@ -20,17 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Protocol
 
 import asyncpg
-import pamqp.commands
 from aio_pika.abc import AbstractIncomingMessage
-from pamqp.common import FieldTable
 
 from saga_shared.errors import DeliveryLimitReached
 from saga_shared.model.text import header_text
 from saga_shared.storage.sql import Queries
-from saga_shared.transport.codec import PERSISTENT, Outgoing
+from saga_shared.transport.codec import Outgoing, copy_of
 from saga_shared.transport.delivery import BatchHandler, BatchVerdict, Handler
 
 Q = Queries(Path(__file__).with_name("poison.sql"))
@@ -149,12 +147,4 @@ class Poison:
             "time": datetime.now(UTC).replace(microsecond=0),
             "sender": self.sender(message) or "",
         }
-        headers: dict[str, Any] = {**(message.headers or {}), DEAD_HEADER: dead}
-        properties = pamqp.commands.Basic.Properties(
-            content_type=message.content_type, content_encoding=message.content_encoding,
-            headers=cast(FieldTable, headers), delivery_mode=PERSISTENT,
-            correlation_id=message.correlation_id, reply_to=message.reply_to,
-            message_id=message.message_id,
-            timestamp=message.timestamp, message_type=message.type, app_id=message.app_id,
-        )  # fmt: skip
-        await self.publish(self.dead_letters, "", Outgoing(message.body, properties))
+        await self.publish(self.dead_letters, "", copy_of(message, {DEAD_HEADER: dead}))

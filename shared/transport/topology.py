@@ -4,12 +4,16 @@ Ordering per order comes from the application, not the broker: ``crc32(order_id)
 of N quorum queues with a single active consumer (the consistent-hash exchange may move a key to
 another queue after a node restart, so it is not used).
 
-What nothing else remembers travels through quorum queues: commands, outcomes, settle requests,
-dead letters. An action request is remembered by the register (written before it leaves, sent
-again by its deadline), so it travels as a transient message through a classic, non-durable
-queue per service (``request_queue``): no Raft write, no fsync. Losing such a queue (a broker
-restart; on a cluster, its node) loses only requests the deadlines send again; a publish meanwhile
-comes back unroutable, and the coordinator declares the queue again and sends once more (docs:
+What nothing else remembers travels through quorum queues: commands, settle requests, dead
+letters. An action request is remembered by the register (written before it leaves, sent again
+by its deadline), so it travels as a transient message through a classic, non-durable queue per
+service (``request_queue``): no Raft write, no fsync. Losing such a queue (a broker restart; on a
+cluster, its node) loses only requests the deadlines send again; a publish meanwhile comes back
+unroutable, and the coordinator declares the queue again and sends once more. An outcome is
+remembered by the service's key record (answered again on a resend), so it travels the same way,
+through a classic queue per partition (``outcome_queue``) that only the partition's owner
+consumes; its exchange's alternate exchange is the partitions exchange, so an outcome whose
+queue is gone lands in the quorum partition queue instead of coming back (docs:
 explanation/design.md, "Two kinds of queue").
 """
 
@@ -102,6 +106,24 @@ class Topology:
         return f"{command_type}.{self.partition_key(order_id)}"
 
     @property
+    def outcomes_exchange(self) -> str:
+        """Where services answer: to the order's partition's outcome queue, or, that one gone,
+        through the alternate exchange (the partitions exchange) to its quorum queue."""
+        return f"{self.namespace}.outcomes"
+
+    def answer_exchange(self, message_type: str) -> str:
+        """Where a service publishes an answer: an outcome of a request (done, failed) to the
+        outcomes exchange; a settle's answer (``action.settled``) to the partitions exchange, a
+        quorum queue's, since a step in doubt has no request whose resend would bring it back."""
+        if message_type in ("action.done", "action.failed"):
+            return self.outcomes_exchange
+        return self.partitions_exchange
+
+    def outcome_queue(self, index: int) -> str:
+        """A partition's classic queue of outcomes (transient, declared by the coordinators)."""
+        return f"{self.namespace}.outcome.{index}"
+
+    @property
     def actions_exchange(self) -> str:
         return f"{self.namespace}.actions"
 
@@ -147,23 +169,29 @@ class Topology:
             *(self.partition_queue(i) for i in range(self.partitions)),
             *(self.action_queue(s) for s in self.services),
             *(self.request_queue(s) for s in self.services),
+            *(self.outcome_queue(i) for i in range(self.partitions)),
             self.dead_letter_queue,
             self.last_resort_queue,
         ]
 
     def quorum_queues(self) -> list[str]:
-        """Every queue but the request queues (classic)."""
-        return [q for q in self.all_queues() if not self.is_request_queue(q)]
+        """Every queue but the request and outcome queues (classic)."""
+        return [q for q in self.all_queues() if not self.is_transient_queue(q)]
+
+    def transient_queues(self) -> list[str]:
+        """The classic queues a broker restart (on a cluster, their node) deletes: what the
+        coordinators' watch looks for (``saga_coordinator.queue_watch``)."""
+        return [q for q in self.all_queues() if self.is_transient_queue(q)]
 
     def kind_of(self, queue: str | None) -> tuple[str, int | str | None]:
         """What a queue of this namespace is: ("intake", None), ("partition", index),
         ("action", service) (its request queue too: the same messages, the same checks), or
-        ("other", None)."""
+        ("other", None). A partition's outcome queue is ("partition", index) too."""
         if queue == self.intake_queue:
             return "intake", None
-        prefix = f"{self.namespace}.partition."
-        if queue and queue.startswith(prefix) and queue[len(prefix) :].isdigit():
-            return "partition", int(queue[len(prefix) :])
+        for prefix in (f"{self.namespace}.partition.", f"{self.namespace}.outcome."):
+            if queue and queue.startswith(prefix) and queue[len(prefix) :].isdigit():
+                return "partition", int(queue[len(prefix) :])
         for prefix in (f"{self.namespace}.action.", f"{self.namespace}.request."):
             if queue and queue.startswith(prefix) and len(queue) > len(prefix):
                 return "action", queue[len(prefix) :]
@@ -172,10 +200,17 @@ class Topology:
     def is_request_queue(self, queue: str) -> bool:
         return queue.startswith(f"{self.namespace}.request.")
 
+    def is_outcome_queue(self, queue: str) -> bool:
+        return queue.startswith(f"{self.namespace}.outcome.")
+
+    def is_transient_queue(self, queue: str) -> bool:
+        return self.is_request_queue(queue) or self.is_outcome_queue(queue)
+
     def all_exchanges(self) -> list[str]:
         return [
             self.commands_exchange,
             self.partitions_exchange,
+            self.outcomes_exchange,
             self.actions_exchange,
             self.events_exchange,
             self.dead_letter_exchange,
@@ -203,6 +238,19 @@ class Topology:
         return args
 
     @staticmethod
+    def outcome_queue_args() -> dict[str, Any]:
+        # Classic as the request queues; one consumer at a time, as the partition queue (the
+        # lock holder consumes both; this is the second guard, as there).
+        return {"x-queue-type": "classic", "x-single-active-consumer": True}
+
+    def alternates(self) -> dict[str, str]:
+        """Each exchange with an alternate exchange: where what it cannot route goes."""
+        return {self.outcomes_exchange: self.partitions_exchange}
+
+    def outcomes_exchange_args(self) -> dict[str, Any]:
+        return {"alternate-exchange": self.alternates()[self.outcomes_exchange]}
+
+    @staticmethod
     def request_queue_args() -> dict[str, Any]:
         # Classic, stated: a policy or a default queue type must not make it quorum. No
         # dead-letter arguments: a classic queue's dead-lettering is at-most-once and it has no
@@ -218,6 +266,7 @@ class Topology:
         for index in range(self.partitions):
             queue = self.partition_queue(index)
             out += [(partitions, str(index), queue), (commands, f"saga.*.{index}", queue)]
+            out.append((self.outcomes_exchange, str(index), self.outcome_queue(index)))
         out += [(self.actions_exchange, s, self.action_queue(s)) for s in self.services]
         out += [
             (self.actions_exchange, self.request_key(s), self.request_queue(s))
@@ -227,9 +276,9 @@ class Topology:
         return out
 
     async def declare(self, channel: AbstractChannel, *, requests: bool = True) -> None:
-        """Everything, idempotently; ``requests=False``: not the request queues (a consumer
-        subscribing again leaves them to the coordinator, whose watch must see one gone to send
-        again what went with it: ``saga_coordinator.queue_watch``)."""
+        """Everything, idempotently; ``requests=False``: not the request and outcome queues (a
+        consumer subscribing again leaves them to the coordinator, whose watch must see one gone
+        to send again what went with it: ``saga_coordinator.queue_watch``)."""
         commands = await channel.declare_exchange(
             self.commands_exchange, ExchangeType.TOPIC, durable=True
         )
@@ -239,6 +288,10 @@ class Topology:
         actions = await channel.declare_exchange(
             self.actions_exchange, ExchangeType.DIRECT, durable=True
         )
+        await channel.declare_exchange(
+            self.outcomes_exchange, ExchangeType.DIRECT, durable=True,
+            arguments=self.outcomes_exchange_args(),
+        )  # fmt: skip
         await channel.declare_exchange(self.events_exchange, ExchangeType.TOPIC, durable=True)
         dlx = await channel.declare_exchange(
             self.dead_letter_exchange, ExchangeType.FANOUT, durable=True
@@ -271,6 +324,8 @@ class Topology:
             )
             for exchange, key, _ in (b for b in bindings if b[2] == queue.name):
                 await queue.bind(commands if exchange == commands.name else partitions, key)
+            if requests:
+                await self.declare_outcomes(channel, index)
 
         for service in self.services:
             queue = await channel.declare_queue(
@@ -290,6 +345,13 @@ class Topology:
             self.request_queue(service), durable=False, arguments=self.request_queue_args()
         )
         await queue.bind(self.actions_exchange, routing_key=self.request_key(service))
+
+    async def declare_outcomes(self, channel: AbstractChannel, index: int) -> None:
+        """A partition's outcome queue: non-durable, as a request queue."""
+        queue = await channel.declare_queue(
+            self.outcome_queue(index), durable=False, arguments=self.outcome_queue_args()
+        )
+        await queue.bind(self.outcomes_exchange, routing_key=str(index))
 
     async def delete(self, channel: AbstractChannel) -> None:
         """Remove everything (tests clean up after themselves)."""

@@ -142,22 +142,22 @@ async def running(
 async def partition_reader(
     bus: Bus, order_id: str
 ) -> AsyncIterator[asyncio.Queue[PartitionMessage]]:
-    """Collect what arrives in the order's partition (a single-active-consumer quorum queue
-    refuses basic.get, so consume)."""
+    """Collect what arrives in the order's partition, its quorum queue and its outcome queue (a
+    single-active-consumer quorum queue refuses basic.get, so consume)."""
     received: asyncio.Queue[PartitionMessage] = asyncio.Queue()
     index = partition_of(order_id, bus.topology.partitions)
     channel = await bus.connection.channel()
-    queue = await channel.get_queue(bus.topology.partition_queue(index), ensure=False)
 
     async def on_message(message: AbstractIncomingMessage) -> None:
         received.put_nowait(PARTITION.validate_json(message.body))
         await message.ack()
 
-    tag = await queue.consume(on_message)
+    for name in (bus.topology.partition_queue(index), bus.topology.outcome_queue(index)):
+        queue = await channel.get_queue(name, ensure=False)
+        await queue.consume(on_message)
     try:
         yield received
     finally:
-        await queue.cancel(tag)
         await channel.close()
 
 
@@ -212,20 +212,20 @@ async def test_malformed_request_is_dead_lettered(
 
 @contextlib.asynccontextmanager
 async def refusing(bus: Bus, order_id: str) -> AsyncIterator[None]:
-    """The broker nacks every publish to the order's partition while this lasts, which is how
-    a quorum queue without a majority of its nodes answers: a policy of length 1 with the
-    queues' reject-publish overflow, and ``filler`` messages until the broker refuses one (the
-    policy takes a moment to apply)."""
-    queue = bus.topology.partition_queue(partition_of(order_id, bus.topology.partitions))
+    """The broker nacks every outcome to the order's partition while this lasts, which is how a
+    queue answers that cannot take more (a quorum queue without a majority of its nodes, a
+    memory alarm): a policy of length 1 with reject-publish overflow on its outcome queue, and
+    ``filler`` messages until the broker refuses one (the policy takes a moment to apply)."""
+    queue = bus.topology.outcome_queue(partition_of(order_id, bus.topology.partitions))
     pattern = f"^{re.escape(queue)}$"
     name = f"refuse-{queue}"
-    definition = json.dumps({"max-length": 1})
+    definition = json.dumps({"max-length": 1, "overflow": "reject-publish"})
     ctl = ("rabbitmqctl", "-q", "set_policy", "--apply-to", "queues", name, pattern, definition)
     await asyncio.to_thread(subprocess.run, ctl, check=True, capture_output=True, timeout=60)
     try:
         for _ in range(100):
             try:
-                await bus.to_partition(filler(order_id))
+                await bus.publish_raw(*bus.for_outcome(filler(order_id)))
             except aiormq.exceptions.DeliveryError as exc:
                 if not refused_for_now(exc):
                     raise

@@ -97,8 +97,10 @@ async def outcomes(bus: Bus, n: int) -> dict[str, PartitionMessage]:
         if len(got) == n:
             arrived.set()
 
-    for index in range(bus.topology.partitions):
-        queue = await channel.get_queue(bus.topology.partition_queue(index), ensure=False)
+    t = bus.topology
+    for name in [*map(t.partition_queue, range(t.partitions)),
+                 *map(t.outcome_queue, range(t.partitions))]:  # fmt: skip
+        queue = await channel.get_queue(name, ensure=False)
         await queue.consume(on_message)
     try:
         await asyncio.wait_for(arrived.wait(), 20)

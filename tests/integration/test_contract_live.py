@@ -42,6 +42,7 @@ async def test_captured_messages_validate_against_the_exported_schemas(
         await tap.bind(t.actions_exchange, routing_key=t.request_key(service))
     for index in range(t.partitions):
         await tap.bind(t.partitions_exchange, routing_key=str(index))
+        await tap.bind(t.outcomes_exchange, routing_key=str(index))
 
     async def keep(message: AbstractIncomingMessage) -> None:
         captured.append(json.loads(message.body))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from saga_shared.config import Settings
-from saga_shared.model.messages import AbortSaga, ActionRequest, SagaEvent
+from saga_shared.model.messages import AbortSaga, ActionDone, ActionRequest, SagaEvent
 from saga_shared.transport.bus import Bus
 from saga_shared.transport.memory_bus import MemoryBus, topic_matches
 from saga_shared.transport.ports import Publisher
@@ -24,6 +24,7 @@ class Impl:
     bus: Publisher
     depth: Callable[[str], Awaitable[int]]
     bind: Callable[[str], Awaitable[str]]  # a client's own queue on the events exchange
+    lose: Callable[[str], Awaitable[None]]  # a non-durable queue gone with its node
 
 
 @pytest.fixture(
@@ -50,7 +51,10 @@ def memory_impl() -> Impl:
         memory.bind(queue, memory.topology.events_exchange, pattern)
         return queue
 
-    return Impl("memory", memory, memory_depth, memory_bind)
+    async def memory_lose(queue: str) -> None:
+        memory.lose(queue)
+
+    return Impl("memory", memory, memory_depth, memory_bind, memory_lose)
 
 
 @pytest.fixture
@@ -61,8 +65,12 @@ async def rabbitmq_impl(settings: Settings) -> AsyncIterator[Impl]:
 
         async def rabbit_depth(queue: str) -> int:
             # Every publish was confirmed, so the queues hold them now.
-            if queue.startswith(f"{settings.namespace}."):  # quorum: counted in declare-ok
-                declared = await channel.declare_queue(queue, passive=True)
+            if queue.startswith(f"{settings.namespace}."):  # ours: counted in declare-ok
+                # On a channel of its own each time: a robust channel answers a second passive
+                # declare of a name with the first one's count.
+                fresh = await real.connection.channel()
+                declared = await fresh.declare_queue(queue, passive=True)
+                await fresh.close()
                 return int(declared.declaration_result.message_count or 0)
             client = await channel.get_queue(queue, ensure=False)  # a client's: count by get
             held = 0
@@ -75,7 +83,10 @@ async def rabbitmq_impl(settings: Settings) -> AsyncIterator[Impl]:
             await queue.bind(real.topology.events_exchange, pattern)
             return queue.name
 
-        yield Impl("rabbitmq", real, rabbit_depth, rabbit_bind)
+        async def rabbit_lose(queue: str) -> None:
+            await channel.queue_delete(queue)
+
+        yield Impl("rabbitmq", real, rabbit_depth, rabbit_bind, rabbit_lose)
         await channel.close()
     await remove_namespace(settings)
 
@@ -92,6 +103,34 @@ async def depths(impl: Impl) -> dict[str, int]:
     queues = [t.intake_queue, *(t.partition_queue(i) for i in range(t.partitions))]
     queues += [t.action_queue(s) for s in t.services]
     return {q: await impl.depth(q) for q in queues}
+
+
+def done(order_id: str) -> ActionDone:
+    return ActionDone(
+        saga_id="s-5", order_id=order_id, action="erp.create_credit_note", step=0,
+        phase="forward", attempt=1, idempotency_key="s-5:erp.create_credit_note", result={},
+    )  # fmt: skip
+
+
+async def test_an_outcome_reaches_its_partitions_outcome_queue_or_its_quorum_queue_if_gone(
+    impl: Impl,
+) -> None:
+    """A service's outcome goes to the classic outcome queue of the order's partition; with that
+    queue lost, the outcomes exchange's alternate exchange routes it to the partition's quorum
+    queue: it is never returned, never lost."""
+    t = impl.bus.topology
+    outcome = done("o-5")
+    p = int(t.partition_key(outcome.order_id))
+    assert t.answer_exchange(outcome.type) == t.outcomes_exchange
+    await impl.bus.publish(t.outcomes_exchange, str(p), outcome)
+    assert await impl.depth(t.outcome_queue(p)) == 1
+    assert sum((await depths(impl)).values()) == 0
+
+    await impl.lose(t.outcome_queue(p))
+    await impl.bus.publish(t.outcomes_exchange, str(p), outcome)
+    held = await depths(impl)
+    assert held[t.partition_queue(p)] == 1
+    assert sum(held.values()) == 1
 
 
 async def test_requests_reach_their_services_queue_only(impl: Impl) -> None:

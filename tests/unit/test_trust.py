@@ -47,6 +47,19 @@ def test_an_outcome_is_believed_only_from_the_service_that_owns_its_action() -> 
             trust.partition_message(ROLES, outcome(), user)
 
 
+def test_the_first_sender_a_moved_outcome_names_is_believed_only_from_a_coordinator() -> None:
+    """A coordinator moving an outcome to a quorum queue names who the broker verified on it;
+    the same header from anyone else is ignored, and the outcome judged as theirs."""
+    moved = {trust.MOVED_HEADER: "saga-erp"}
+    assert trust.first_sender(ROLES, "saga-coordinator", moved) == "saga-erp"
+    trust.partition_message(ROLES, outcome(), trust.first_sender(ROLES, "saga-coordinator", moved))
+    for user in ("saga-inventory", "ana", None):
+        assert trust.first_sender(ROLES, user, moved) == user
+        with pytest.raises(trust.Forged):
+            trust.partition_message(ROLES, outcome(), trust.first_sender(ROLES, user, moved))
+    assert trust.first_sender(ROLES, "saga-erp", None) == "saga-erp"
+
+
 def test_commands_and_deadlines_in_a_partition_come_only_from_the_coordinator() -> None:
     command = start_named("refund", REFUND_PARAMS)
     deadline = DeadlineReached(saga_id="s", order_id="o", step=0, phase="forward",
