@@ -293,9 +293,10 @@ async def _measure(settings: Settings, plan: Plan, notes: list[str]) -> Result:
     delta = {key: after[key] - before[key] for key in after}
     # The agent's command (routed straight to its partition), what the coordinator published
     # (requests, replies, events) and the adapters' outcomes; a request per outcome. Requests
-    # travel through the classic request queues: the command and the outcomes through quorum.
+    # and outcomes travel through classic queues: the command, settles' answers and deadlines
+    # through quorum.
     messages = plan.sagas + delta["outbox_rows"] + delta["outcomes"]
-    quorum = plan.sagas + delta["outcomes"]
+    quorum = plan.sagas + delta["quorum_replies"]
     return Result(
         plan=plan, seconds=load.seconds, latencies_ms=load.latencies_ms, outcomes=load.outcomes,
         messages_per_saga=messages / plan.sagas,

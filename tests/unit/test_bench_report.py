@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from benchmarks.commands import Accepted, pooled
 from benchmarks.harness import Plan, Result
-from benchmarks.report import Findings, targets_table
+from benchmarks.report import Findings, issue41_table, targets_table
 
 
 def ours(concurrency: int, rate: float, cpu: float) -> Result:
@@ -73,3 +73,20 @@ def test_commands_accepted_pools_its_rounds_and_shows_each() -> None:
     cells = row(targets_table(findings), "commands accepted (10,000 gated starts, 1 coordinator")
 
     assert cells[2:] == ["2,500/s (rounds: 2,000 / 3,333)", "yes"]
+
+
+def test_issue_41s_targets_come_from_the_refunds_beside_the_peer() -> None:
+    """p50 at 1 against 10 ms and 0.75x one-process DBOS's; the rate at 64 against 5x one
+    process and 3x as many as cores; CPU at 64 against 3 ms, RabbitMQ's part against 0.6 ms."""
+    one, busy = ours(1, 50.0, 20.0), ours(64, 300.0, 2.5)
+    busy.cpu_ms_per_saga["rabbitmq"] = 0.7
+    peers = [Peer(1, 1, 60.0), Peer(64, 1, 55.0), Peer(64, 2, 110.0)]
+    lines = issue41_table(Findings(5000.0, 3, [busy], ours_refund=[one, busy], peer=peers))
+
+    assert row(lines, "p50 at concurrency 1 |")[2:] == ["10.0 ms", "yes"]
+    assert row(lines, "p50 at concurrency 1 / DBOS's (5.0 ms)")[2:] == ["2.00x", "**no**"]
+    assert row(lines, "x DBOS in 1 process(es) at concurrency 64")[2:] == ["5.45x", "yes"]
+    assert row(lines, "x DBOS in 2 process(es) at concurrency 64")[2:] == ["2.73x", "**no**"]
+    assert row(lines, "CPU per saga at concurrency 64")[2:] == ["3.20 ms", "**no**"]
+    assert row(lines, "of it RabbitMQ's")[2:] == ["0.70 ms", "**no**"]
+    assert row(lines, "on the three-node cluster")[3] == "-"
