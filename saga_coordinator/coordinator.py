@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
 from aio_pika.abc import AbstractIncomingMessage
@@ -34,6 +34,7 @@ from saga_shared.security.trust import MOVED_HEADER, REPLAY_HEADER, Forged
 from saga_shared.transport.bus import Bus
 from saga_shared.transport.codec import (
     PARTITION,
+    Outgoing,
     check_order_header,
     copy_of,
     decode_incoming,
@@ -157,26 +158,15 @@ class Coordinator:
         log.debug("%s %s %s: %s", message.order_id, message.saga_id, message.type, note)
 
     async def _outcome(self, delivery: AbstractIncomingMessage, partition: int) -> None:
-        """An outcome from the partition's classic queue, which neither counts deliveries nor
-        dead-letters: handled at its first delivery; one delivered before (its handling failed
-        and was requeued, or a process died holding it) or refused (invalid, forged) is moved
-        to the partition's quorum queue, which does both, and is handled there. The move is a
-        publish with a confirm, then the ack: a crash between leaves two copies, and the inbox
-        absorbs the second."""
-        if not delivery.redelivered:
-            try:
-                await self.handle(delivery, partition)
-                return
-            except InvalidMessage:
-                pass  # judged again there, and dead-lettered by the broker
-        moved = copy_of(delivery, {MOVED_HEADER: delivery.user_id or ""})
-        topology = self.bus.topology
-        try:
-            await self.bus.publish_raw(topology.partitions_exchange, str(partition), moved)
-        except Exception as exc:
-            raise RetryLater(f"could not move it to {topology.partition_queue(partition)}: "
-                             f"{exc!r}") from exc  # fmt: skip
-        log.info("outcome %s moved to %s", delivery.message_id, topology.partition_queue(partition))
+        """An outcome from the partition's classic queue (``handle_or_move``)."""
+
+        async def handle(message: AbstractIncomingMessage) -> None:
+            await self.handle(message, partition)
+
+        async def move(copy: Outgoing) -> None:
+            await self.bus.publish_raw(self.bus.topology.partitions_exchange, str(partition), copy)
+
+        await handle_or_move(delivery, handle, move)
 
     async def _submit(
         self, message: PartitionMessage, delivery: AbstractIncomingMessage,
@@ -267,6 +257,30 @@ class Coordinator:
             ),
             also=[(self.bus.topology.outcome_queue(index), outcome)],
         )
+
+
+async def handle_or_move(
+    delivery: AbstractIncomingMessage,
+    handle: Callable[[AbstractIncomingMessage], Awaitable[None]],
+    move: Callable[[Outgoing], Awaitable[None]],
+) -> None:
+    """An outcome from a partition's classic queue, which neither counts deliveries nor
+    dead-letters: handled at its first delivery; one delivered before (its handling failed and
+    was requeued, or a process died holding it) or refused (invalid, forged) is moved to the
+    partition's quorum queue, which does both, and is handled there. ``move`` publishes with a
+    confirm, and the ack follows: a crash between leaves two copies, and the inbox absorbs the
+    second. The copy names the user the broker verified on the outcome (``MOVED_HEADER``)."""
+    if not delivery.redelivered:
+        try:
+            await handle(delivery)
+            return
+        except InvalidMessage:
+            pass  # judged again there, and dead-lettered by the broker
+    try:
+        await move(copy_of(delivery, {MOVED_HEADER: delivery.user_id or ""}))
+    except Exception as exc:
+        raise RetryLater(f"could not move it to its partition's quorum queue: {exc!r}") from exc
+    log.info("outcome %s moved to its partition's quorum queue", delivery.message_id)
 
 
 def share_of(share: str, indexes: Sequence[int]) -> tuple[list[int], list[int]]:

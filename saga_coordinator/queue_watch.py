@@ -113,11 +113,12 @@ class QueueWatch:
             try:
                 missing = set(await self.bus.missing([*requests, *outcomes]))
                 gone = {requests[q] for q in missing if q in requests} | self._owed
-                if gone:
-                    await self.recover(gone)
                 lost = sorted(outcomes[q] for q in missing if q in outcomes)
-                if lost:
+                if gone:
+                    await self.recover(gone)  # declares the topology, outcome queues too
+                elif lost:
                     await self.bus.declare()
+                if lost:
                     log.warning("outcome queue(s) of partition(s) %s were gone: declared again",
                                 lost)  # fmt: skip
                     await self.resume(lost)

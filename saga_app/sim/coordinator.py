@@ -21,21 +21,22 @@ from aio_pika.abc import AbstractIncomingMessage
 from saga_app.sim.bus import SimBus
 from saga_app.sim.errors import ChannelGone, NotFound, Unroutable
 from saga_app.sim.messages import FakeDelivery
+from saga_coordinator.coordinator import handle_or_move
 from saga_coordinator.dead_letters import DeadLetterIngester, applied_elsewhere, read_death
 from saga_coordinator.gatekeeper import Gatekeeper, stamped
 from saga_coordinator.memory import MemoryTx
 from saga_coordinator.processor import Processor
 from saga_coordinator.rows import OutboxRow
 from saga_coordinator.store import Store
-from saga_shared.errors import InvalidMessage, RetryLater
+from saga_shared.errors import InvalidMessage
 from saga_shared.model.messages import DeskCommand, PartitionMessage, QuerySaga
 from saga_shared.security import trust
-from saga_shared.security.trust import MOVED_HEADER, Forged
+from saga_shared.security.trust import Forged
 from saga_shared.transport.bus import Bus
 from saga_shared.transport.codec import (
     PARTITION,
+    Outgoing,
     check_order_header,
-    copy_of,
     decode_incoming,
     identify_incoming,
 )
@@ -125,21 +126,14 @@ class CoordinatorProcess:
                 await asyncio.sleep(WATCHDOG_S)
 
     async def _outcome(self, delivery: AbstractIncomingMessage, *, partition: int) -> None:
-        """``Coordinator._outcome``: handled at its first delivery; redelivered or refused,
-        moved to the partition's quorum queue."""
-        if not delivery.redelivered:
-            try:
-                await self.handle(delivery, partition=partition)
-                return
-            except InvalidMessage:
-                pass
-        moved = copy_of(delivery, {MOVED_HEADER: delivery.user_id or ""})
-        try:
-            await self.bus.publish_raw(self.world.topology.partitions_exchange, str(partition),
-                                       moved)  # fmt: skip
-        except Exception as exc:
-            raise RetryLater(f"could not move it: {exc!r}") from exc
-        self.world.note(self.name, f"outcome {delivery.message_id} moved")
+        """``Coordinator._outcome``: the product's rule (``handle_or_move``) over this broker."""
+        exchange = self.world.topology.partitions_exchange
+
+        async def move(copy: Outgoing) -> None:
+            await self.bus.publish_raw(exchange, str(partition), copy)
+            self.world.note(self.name, f"outcome {delivery.message_id} moved")
+
+        await handle_or_move(delivery, functools.partial(self.handle, partition=partition), move)
 
     async def handle(self, delivery: AbstractIncomingMessage, *, partition: int) -> None:
         w = self.world

@@ -133,6 +133,13 @@ def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
     t = Topology(namespace, partitions, delivery_limit=5)
     bindings = {"amqp": {"is": "routingKey", "exchange": {"type": "topic", "durable": True}}}
     schemas = _components({name: _schema(name, model) for name, model in MESSAGES.items()})
+    partition = {
+        "partition": _parameter(f"crc32(UTF-8 order_id) % {partitions} (zlib.crc32), in decimal")
+    }
+    outcomes = [
+        _message("action.done", "The action succeeded"),
+        _message("action.failed", "The action failed"),
+    ]
     return {
         "asyncapi": "2.6.0",
         "info": {
@@ -210,36 +217,17 @@ def asyncapi(namespace: str = "saga", partitions: int = 8) -> dict[str, Any]:
                 f"exchange; the classic queue {t.namespace}.outcome.{{partition}}, or, that "
                 "queue gone, the partition's quorum queue through the alternate exchange "
                 f"{t.partitions_exchange}).",
-                "parameters": {
-                    "partition": _parameter(
-                        f"crc32(UTF-8 order_id) % {partitions} (zlib.crc32), in decimal"
-                    )
-                },
-                "publish": {
-                    "message": {
-                        "oneOf": [
-                            _message("action.done", "The action succeeded"),
-                            _message("action.failed", "The action failed"),
-                        ]
-                    }
-                },
+                "parameters": partition,
+                "publish": {"message": {"oneOf": outcomes}},
             },
             f"{t.partitions_exchange}/{{partition}}": {
                 "description": "Adapters answer a settle into the order's partition (direct "
                 "exchange, its quorum queue), as adapters before the outcome queues answered "
                 "every request.",
-                "parameters": {
-                    "partition": _parameter(
-                        f"crc32(UTF-8 order_id) % {partitions} (zlib.crc32), in decimal"
-                    )
-                },
+                "parameters": partition,
                 "publish": {
                     "message": {
-                        "oneOf": [
-                            _message("action.done", "The action succeeded"),
-                            _message("action.failed", "The action failed"),
-                            _message("action.settled", "Which way a key went"),
-                        ]
+                        "oneOf": [*outcomes, _message("action.settled", "Which way a key went")]
                     }
                 },
             },
