@@ -90,6 +90,12 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
             findings.scaling.append(await _run(settings, replace(base, coordinators=n)))
     findings.accepted = await _commands(settings, args) if args.commands else []
     findings.ours_refund, findings.peer = await _side_by_side(settings, args)
+    if args.cluster_rounds:  # disposable nodes of its own, so before the preload's writes
+        from tests.chaos.cluster_speed import compare
+
+        findings.cluster = await compare(sagas_for(args.sagas, busiest), busiest,
+                                         args.cluster_rounds)  # fmt: skip
+        print(f"cluster: {findings.cluster.ratio:.2f}x the single node", flush=True)
     # Last: the preload leaves gigabytes of dirty pages and WAL that Postgres writes out for
     # minutes after, which would slow every measurement behind it (the growth run's own rounds
     # alternate, so both of its sides share that).
@@ -168,6 +174,11 @@ def main() -> None:
     parser.add_argument("--commands", type=_at_least(0), default=5000,
                         help="gated starts for the commands-accepted rate (0: skip)")  # fmt: skip
     parser.add_argument("--no-peer", action="store_true", help="skip DBOS (no bench extra)")
+    parser.add_argument(
+        "--cluster-rounds", type=_at_least(0), default=3,
+        help="refunds at the busiest concurrency on a disposable node and on a disposable "
+        "three-node cluster, alternating, this many rounds (0: skip)",
+    )  # fmt: skip
     parser.add_argument(
         "--identity", choices=["shared", "roles"], default="shared",
         help="roles: every process on its own account, in a vhost of the run's (the sweep and "

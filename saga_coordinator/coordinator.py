@@ -251,7 +251,7 @@ class Coordinator:
             on_failure=failure_recorder(
                 self.store.pool,
                 queue,
-                block_order=True,
+                block_order=lambda d: self.bus.topology.failure_holds_its_order(d.exchange),
                 key=self._block_key,
                 hold_s=self.settings.db_retry_s,
             ),

@@ -10,7 +10,7 @@ writable one). For the broker, ``one_per_host`` makes one URL per node, which
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 
 def _netloc_parts(url: str) -> tuple[str, str]:
@@ -38,3 +38,13 @@ def with_netloc_credentials(url: str, credentials: str) -> str:
     parts = urlsplit(url)
     _, hosts = _netloc_parts(url)
     return urlunsplit(parts._replace(netloc=credentials + hosts))
+
+
+def with_default_query(url: str, name: str, value: str) -> str:
+    """``url`` with ``name=value`` added to its query, unless the query names ``name`` itself
+    (what the URL says wins)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(key == name for key, _ in query):
+        return url
+    return urlunsplit(parts._replace(query=urlencode([*query, (name, value)])))

@@ -225,7 +225,8 @@ class Settings(BaseSettings):
     standby_after_s: Seconds = 2.0
     # A coordinator owns a partition while its lock session lives (saga_coordinator.ownership):
     # a process that stops looking (frozen) loses its partitions this long after its last look
-    # (never less than three looks, SAGA_WATCHDOG_S each).
+    # (never less than three looks, SAGA_WATCHDOG_S each). Every broker connection asks for a
+    # heartbeat of half of it, so the broker drops a frozen process's consumers as its locks pass.
     partition_lease_s: Seconds = 10.0
     # Who is who on the broker (see saga_shared.security.identity). "roles": every component
     # connects as its own user and every message's sender is checked; "shared": one account for

@@ -186,6 +186,8 @@ class CoordinatorProcess:
                         f"{type(error).__name__}: {error} -> {outcome.value}")  # fmt: skip
         if outcome is not Outcome.RETRY or ident.order_id is None:
             return
+        if not self.world.topology.failure_holds_its_order(delivery.exchange):
+            return
         key = await self._block_key(delivery) or ident.message_id
         order, text = ident.order_id, f"{type(error).__name__}: {error}"
         await self.world.store.run_held(lambda tx: tx.block(order, key, "retrying", text))

@@ -17,6 +17,7 @@ from aio_pika.abc import (
     AbstractRobustConnection,
 )
 
+from saga_shared.addresses import with_default_query
 from saga_shared.amqp_internals import batch, frames, incoming, wire
 from saga_shared.config import Settings
 from saga_shared.model.messages import Envelope, Outbound
@@ -61,6 +62,11 @@ class Bus:
         self.topology = Topology.from_settings(settings)
         self.url = settings.amqp_url if user is None else amqp_url_for(settings, user)
         self.user = user_of_url(self.url)
+        # The broker drops a connection silent for two heartbeat intervals, and its consumers
+        # pass on: with half the lease, a frozen coordinator's queues pass when its locks do
+        # (aio-pika's 60 s held its partitions for over 90 s). The URL's own ``heartbeat=`` wins.
+        beat = str(max(1, round(settings.lease_s / 2)))
+        self._connect_url = with_default_query(self.url, "heartbeat", beat)
         self._connection: AbstractRobustConnection | None = None
         self._publisher: AbstractChannel | None = None
         self._proven: set[str] = set()  # exchanges a publish reached (see publish_many)
@@ -72,8 +78,9 @@ class Bus:
         frames.install(self.settings.coalesce_frames)
         wire.install(self.settings.fast_frames)
         incoming.install(self.settings.fast_frames)
+        name = f"saga {self.user or ''}".strip()
         self._connection = await connect_cluster(
-            self.url, client_properties={"connection_name": f"saga {self.user or ''}".strip()}
+            self._connect_url, client_properties={"connection_name": name}
         )
         self._publisher = await self._connection.channel(
             publisher_confirms=True, on_return_raises=True
@@ -101,8 +108,14 @@ class Bus:
             raise RuntimeError("Bus is not connected")
         return self._connection
 
+    async def _look_channel(self) -> AbstractChannel:
+        """A channel for one look (declares, passive declares), not a robust one: the broker
+        closes a channel whose passive declare finds no queue, and a robust channel then opens
+        itself again, unseen, which leaked a channel per missing queue per look."""
+        return await aio_pika.Channel(self.connection, publisher_confirms=False)
+
     async def declare(self, *, requests: bool = True) -> None:
-        channel = await self.connection.channel()
+        channel = await self._look_channel()
         try:
             await self.topology.declare(channel, requests=requests)
         finally:
@@ -118,7 +131,7 @@ class Bus:
         try:
             for name in self.topology.all_queues() if names is None else names:
                 if channel is None or channel.is_closed:
-                    channel = await self.connection.channel()
+                    channel = await self._look_channel()
                 try:
                     ok = await channel.declare_queue(name, passive=True, timeout=5)
                     result = ok.declaration_result
@@ -138,7 +151,7 @@ class Bus:
         try:
             for name in names:
                 if channel is None or channel.is_closed:
-                    channel = await self.connection.channel()
+                    channel = await self._look_channel()
                 try:
                     await channel.declare_queue(name, passive=True, timeout=5)
                 except aiormq.exceptions.ChannelNotFoundEntity:

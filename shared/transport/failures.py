@@ -24,8 +24,9 @@ BlockKey = Callable[[AbstractIncomingMessage], Awaitable[str | None]]
 
 
 def failure_recorder(
-    pool: asyncpg.Pool, queue: str, *, block_order: bool, key: BlockKey | None = None,
-    hold_s: float = 600.0,
+    pool: asyncpg.Pool, queue: str, *,
+    block_order: bool | Callable[[AbstractIncomingMessage], bool],
+    key: BlockKey | None = None, hold_s: float = 600.0,
 ) -> FailureHook:  # fmt: skip
     """Each failed attempt is stored with its error, so the dead letter can say why. Consumers
     of an order's convoy (partitions) also block the order at the first failure of a message that
@@ -35,7 +36,8 @@ def failure_recorder(
     order. A block is never skipped because the database is away (requeued without it, the
     message would be overtaken by the next of its order, as the simulation found when a bug and
     an outage met): its write is retried, holding the delivery, for up to ``hold_s``. A failure
-    that blocks nothing is recorded in one attempt: the message is retried anyway."""
+    that blocks nothing is recorded in one attempt: the message is retried anyway.
+    ``block_order`` may decide per message (``Topology.failure_holds_its_order``)."""
 
     async def on_failure(
         message: AbstractIncomingMessage, error: BaseException, outcome: Outcome
@@ -44,7 +46,8 @@ def failure_recorder(
             return  # not a try of its own: the dead letter says why the last try failed
         ident = identify_incoming(message)
         text = clean(f"{type(error).__name__}: {error}", 2000)
-        blocks = block_order and outcome is Outcome.RETRY and ident.order_id is not None
+        blocks = (outcome is Outcome.RETRY and ident.order_id is not None
+                  and (block_order(message) if callable(block_order) else block_order))  # fmt: skip
         # Found before a connection is held: finding it may read the store itself.
         held_by = (await key(message) if key and blocks else None) or ident.message_id
         detail = (

@@ -119,6 +119,15 @@ class Topology:
             return self.outcomes_exchange
         return self.partitions_exchange
 
+    def failure_holds_its_order(self, exchange: str | None) -> bool:
+        """Whether a message published to ``exchange`` that failed and will be retried blocks
+        its order until it comes back. An outcome does not: it may come back from a classic queue
+        that is gone by then, with it (a broker restart), and a block waiting for it would hold
+        its order for ever (the 10,000-saga chaos run of 2026-12-07 held 55 orders so). The
+        watch's resend brings its answer again, and the register takes an outcome whatever came
+        before it of its order: a deadline's resend, an abort, another saga's command."""
+        return exchange != self.outcomes_exchange
+
     def outcome_queue(self, index: int) -> str:
         """A partition's classic queue of outcomes (transient, declared by the coordinators)."""
         return f"{self.namespace}.outcome.{index}"

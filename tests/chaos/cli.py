@@ -37,6 +37,11 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds one adapter hangs (SIGSTOP), at least; always longer than its longest "
         "answer window; 0: none",
     )
+    parser.add_argument(
+        "--freeze-coordinator", type=float, default=30.0, metavar="SECONDS",
+        help="one coordinator hangs (SIGSTOP) this long in the load, while it owns half the "
+        "partitions; 0: none",
+    )  # fmt: skip
     parser.add_argument("--no-faults", action="store_true")
     parser.add_argument(
         "--cluster", action="store_true",
@@ -62,6 +67,7 @@ def config_from(args: argparse.Namespace) -> ChaosConfig:
         db_down_s=args.db_down,
         settle_timeout_s=args.settle_timeout,
         freeze_s=args.freeze,
+        freeze_coordinator_s=args.freeze_coordinator,
         with_faults=not args.no_faults,
         workdir=args.workdir,
         cluster=args.cluster,

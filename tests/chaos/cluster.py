@@ -33,8 +33,8 @@ CLUSTER_CONF = {"queue_leader_locator": "balanced"}
 
 
 class RabbitCluster(_Instance):
-    def __init__(self, size: int = 3) -> None:
-        self.nodes = [DisposableRabbit(conf=CLUSTER_CONF) for _ in range(size)]
+    def __init__(self, size: int = 3, erl_args: str = "") -> None:
+        self.nodes = [DisposableRabbit(conf=CLUSTER_CONF, erl_args=erl_args) for _ in range(size)]
 
     def url(self, vhost: str = "") -> str:
         """Every node, as ``saga_shared.addresses`` reads it."""

@@ -1,10 +1,12 @@
-"""Throughput on a three-node RabbitMQ cluster against a single node, side by side (by hand):
+"""Throughput on a three-node RabbitMQ cluster against a single node, side by side (by hand, or
+in the benchmark's report with ``python -m benchmarks --cluster-rounds N``):
 
-    python -m tests.chaos.cluster_speed [--sagas 400] [--concurrency 32] [--rounds 2]
+    python -m tests.chaos.cluster_speed [--sagas 1000] [--concurrency 64] [--rounds 3]
 
 Each round runs the same refunds through the stack (in this process) on a single disposable
 node and on a disposable three-node cluster (quorum queues on all three), alternating, every
-guarantee on; sagas/s from the first start to the last outcome, pooled per side."""
+guarantee on; sagas/s from the first start to the last outcome, pooled per side. Both sides'
+nodes run with the same Erlang flags (``--erl-args``)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import argparse
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from pydantic import JsonValue
 
@@ -63,32 +67,73 @@ async def leaders_of(broker: DisposableRabbit | RabbitCluster, namespace: str) -
     return ", leaders per node " + "/".join(str(n) for n in led.values())
 
 
-async def main(sagas: int, width: int, rounds: int) -> None:
+# The Erlang flags RabbitMQ's runtime guide gives for nodes that share their cores with other
+# processes: schedulers that sleep when idle instead of spinning. Measured on 2026-12-07 (three
+# rounds of 1,000 refunds at 64, each way): 0.79x with them and 0.79x without, so the nodes run
+# with RabbitMQ's defaults and this stays for ``--erl-args``.
+SHARED_CORES_ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
+
+
+@dataclass(frozen=True)
+class ClusterSpeed:
+    """Sagas/s per round on one node and on three, alternating (pooled: the mean of the rounds)."""
+
+    sagas: int
+    concurrency: int
+    single: tuple[float, ...]
+    cluster: tuple[float, ...]
+    leaders: tuple[str, ...]  # per cluster round, how many quorum queues each node leads
+    erl_args: str
+
+    @property
+    def ratio(self) -> float:
+        return (sum(self.cluster) / len(self.cluster)) / (sum(self.single) / len(self.single))
+
+
+async def compare(
+    sagas: int, width: int, rounds: int, erl_args: str = "",
+    say: Callable[[str], None] = print,
+) -> ClusterSpeed:  # fmt: skip
     single: list[float] = []
     cluster: list[float] = []
+    leaders: list[str] = []
     async with DisposablePostgres() as pg:
         for r in range(rounds):
             database = f"speed{r}"
             for side, results in (("single", single), ("cluster", cluster)):
                 url = pg.url(f"{database}_{side}")
                 await migrate(url)
-                broker = DisposableRabbit() if side == "single" else RabbitCluster()
+                broker = (DisposableRabbit(erl_args=erl_args) if side == "single"
+                          else RabbitCluster(erl_args=erl_args))  # fmt: skip
                 namespace = f"sp{uuid.uuid4().hex[:6]}"
                 async with broker:
                     rate = await measure(broker.url(), url, namespace,
                                          3 if side == "cluster" else 0, sagas, width)  # fmt: skip
                     led = await leaders_of(broker, namespace)
                 results.append(rate)
-                print(f"round {r + 1} {side:7s} {rate:6.1f} sagas/s{led}", flush=True)
-    one_node, three = sum(single) / len(single), sum(cluster) / len(cluster)
+                if led:
+                    leaders.append(led.removeprefix(", leaders per node "))
+                say(f"round {r + 1} {side:7s} {rate:6.1f} sagas/s{led}")
+    return ClusterSpeed(sagas, width, tuple(single), tuple(cluster), tuple(leaders), erl_args)
+
+
+async def main(sagas: int, width: int, rounds: int, erl_args: str) -> None:
+    speed = await compare(sagas, width, rounds, erl_args)
+    one_node, three = (sum(x) / len(x) for x in (speed.single, speed.cluster))
     print(f"single node {one_node:.1f} sagas/s, three-node cluster {three:.1f} sagas/s: "
-          f"{three / one_node:.2f}x at concurrency {width}")  # fmt: skip
+          f"{speed.ratio:.2f}x at concurrency {width}")  # fmt: skip
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.cluster_speed")
-    parser.add_argument("--sagas", type=int, default=400)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--sagas", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--erl-args",
+        default="",
+        help="the nodes' Erlang flags, both sides (default: RabbitMQ's; "
+        f"'{SHARED_CORES_ERL_ARGS}' for nodes sharing cores)",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.sagas, args.concurrency, args.rounds))
+    asyncio.run(main(args.sagas, args.concurrency, args.rounds, args.erl_args))

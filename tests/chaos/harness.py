@@ -76,6 +76,8 @@ class ChaosConfig:
     # answer window of its actions and compensations (payments': 54 s), so the coordinator's
     # deadlines fire and resend while the frozen process holds its deliveries.
     freeze_s: float = 40.0
+    # A coordinator frozen once this long (0: none): the other must take its partitions on.
+    freeze_coordinator_s: float = 0.0
     # A restarted server stays down between half this and this many seconds.
     broker_down_s: float = 3.0
     db_down_s: float = 3.0
@@ -99,7 +101,7 @@ class ChaosResult:
     publish: PublishStats
     kills: Counter[str]
     freezes: Counter[str]
-    frozen_s: float  # how long the frozen adapter hung
+    frozen_s: dict[str, float]  # how long each frozen process hung
     broker_restarts: int
     db_restarts: int
     process_exits: list[ProcessExit]
@@ -334,6 +336,7 @@ async def _drive(
         asyncio.create_task(monkey.kill_loop(stop_kills), name="kills"),
         asyncio.create_task(monkey.outages(window), name="outages"),
         asyncio.create_task(monkey.freeze(window), name="freeze"),
+        asyncio.create_task(monkey.freeze_coordinator(window), name="freeze-coordinator"),
     ]
     if config.disruption is not None:
         chaos.append(asyncio.create_task(config.disruption(system, monkey.log), name="outage"))

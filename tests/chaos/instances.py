@@ -391,9 +391,11 @@ class DisposableRabbit(_Instance):
         name: str | None = None,
         tls: TlsFiles | None = None,
         conf: dict[str, str] | None = None,
+        erl_args: str = "",
     ) -> None:
         self.tls = tls
         self.conf = conf or {}  # rabbitmq.conf lines, after the listener's
+        self.erl_args = erl_args  # the Erlang runtime's flags (RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS)
         self.port = free_port()
         self.dist_port = free_port()  # Erlang distribution, between the cluster's nodes
         self.name = name or f"chaos{uuid.uuid4().hex[:10]}@{RABBIT_HOST}"
@@ -429,6 +431,7 @@ class DisposableRabbit(_Instance):
             # The machine's rabbitmq.conf pins the AMQP listener to 5672, the shared broker's
             # port: this node reads its own file instead.
             "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.conf"),
+            **({"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": self.erl_args} if self.erl_args else {}),
         }
 
     def _prepare_dir(self) -> None:

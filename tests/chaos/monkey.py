@@ -1,5 +1,6 @@
 """The chaos monkey: SIGKILLs the system's processes now and then, freezes one adapter once
-(SIGSTOP), and restarts the broker and the database at planned instants."""
+(SIGSTOP) and, when asked, one coordinator, and restarts the broker and the database at planned
+instants."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class Monkey:
     t0: float = field(default_factory=time.monotonic)
     _round: list[str] = field(default_factory=list)
     _frozen: set[str] = field(default_factory=set)
-    frozen_s: float = 0.0
+    frozen_s: dict[str, float] = field(default_factory=dict)  # how long each frozen one hung
 
     def log(self, text: str) -> None:
         self.say(f"[{time.monotonic() - self.t0:7.1f}s] {text}")
@@ -110,17 +111,38 @@ class Monkey:
         name = self.rng.choice(adapters)
         # A freeze shorter than the victim's answer windows fires no deadline (one of payments,
         # whose windows are 43.5 and 54 s, once left a CI run's deadlines untested).
-        self.frozen_s = max(self.config.freeze_s, longest_answer_window_s(name) + FREEZE_MARGIN_S)
+        hang = max(self.config.freeze_s, longest_answer_window_s(name) + FREEZE_MARGIN_S)
         # The kill loop may have just killed the victim (CI's seed 2865351992 drew payments 0.1 s
         # after its SIGKILL, so nothing froze): wait for its restart. No await separates the
         # check from the SIGSTOP, so the kill loop cannot slip in between.
         if not await self._until_running(name):
             self.log(f"no freeze: {name} did not come back within {FREEZE_WAIT_S:.0f}s")
             return
-        self.log(f"SIGSTOP {name} for {self.frozen_s:.0f}s (it hangs; deadlines fire)")
+        self.log(f"SIGSTOP {name} for {hang:.0f}s (it hangs; deadlines fire)")
         self._frozen.add(name)
+        self.frozen_s[name] = hang
         try:
-            if await self.system.supervisor.freeze(name, self.frozen_s):
+            if await self.system.supervisor.freeze(name, hang):
+                self.log(f"SIGCONT {name}")
+        finally:
+            self._frozen.discard(name)
+
+    async def freeze_coordinator(self, window_s: float) -> None:
+        """One coordinator frozen (SIGSTOP) for ``freeze_coordinator_s`` in the middle of the
+        load: its partitions must pass to the other, and the sagas of both go on."""
+        if self.config.freeze_coordinator_s <= 0:
+            return
+        await asyncio.sleep(window_s * (0.2 + 0.2 * self.rng.random()))
+        name = self.rng.choice(sorted(n for n in self.system.supervisor.components
+                                      if "coordinator" in n))  # fmt: skip
+        if not await self._until_running(name):
+            self.log(f"no freeze: {name} did not come back within {FREEZE_WAIT_S:.0f}s")
+            return
+        self.log(f"SIGSTOP {name} for {self.config.freeze_coordinator_s:.0f}s")
+        self._frozen.add(name)
+        self.frozen_s[name] = self.config.freeze_coordinator_s
+        try:
+            if await self.system.supervisor.freeze(name, self.config.freeze_coordinator_s):
                 self.log(f"SIGCONT {name}")
         finally:
             self._frozen.discard(name)

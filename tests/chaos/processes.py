@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-# One process per adapter and two coordinators competing for the partitions (failover).
+# One process per adapter and two coordinators, each owning half the partitions and taking over
+# the other's when it dies or freezes.
 COMPONENTS: dict[str, str] = {
     "coordinator-1": "coordinator",
     "coordinator-2": "coordinator",
@@ -29,6 +30,7 @@ COMPONENTS: dict[str, str] = {
     "payments": "payments",
     "email": "email",
 }
+SHARES: dict[str, str] = {"coordinator-1": "0/2", "coordinator-2": "1/2"}
 MAIN_PACKAGE_DIR = Path(__file__).resolve().parents[2]
 
 _children: set[int] = set()
@@ -42,6 +44,10 @@ def _kill_children_at_exit() -> None:
 
 
 atexit.register(_kill_children_at_exit)
+
+
+def _share_of(name: str) -> dict[str, str]:
+    return {"SAGA_COORDINATOR_SHARE": SHARES[name]} if name in SHARES else {}
 
 
 @dataclass(frozen=True)
@@ -112,7 +118,7 @@ class Supervisor:
                 "saga_app.cli",
                 "run",
                 self.components[name],
-                env=dict(self.env),
+                env=dict(self.env) | _share_of(name),
                 cwd=MAIN_PACKAGE_DIR,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,

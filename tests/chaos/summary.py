@@ -17,14 +17,14 @@ def summarize(result: ChaosResult) -> str:
     kills = ", ".join(f"{k} {n}" for k, n in sorted(result.kills.items())) or "none"
     terminal = ", ".join(f"{k} {n}" for k, n in sorted(v.terminal.items())) or "none"
     graceful = [n for n, ok in sorted(result.graceful_stop.items()) if not ok]
+    frozen = ", ".join(f"{name} for {s:.0f}s" for name, s in result.frozen_s.items())
     lines = [
         "=" * 78,
         f"CHAOS SUMMARY  ({'PASS' if result.ok else 'FAIL'})   seed {result.seed}",
         f"run directory        {result.workdir}",
         f"sagas                {result.config.sagas} over {result.orders} orders",
         f"kills (SIGKILL)      {sum(result.kills.values())}: {kills}",
-        f"frozen (SIGSTOP)     {', '.join(f'{k} {n}' for k, n in result.freezes.items()) or 'none'}"
-        f" for {result.frozen_s:.0f}s",
+        f"frozen (SIGSTOP)     {frozen or 'none'}",
         f"broker restarts      {result.broker_restarts}",
         f"database restarts    {result.db_restarts}" + _fail_over(result),
         f"terminal states      {terminal}"

@@ -14,6 +14,7 @@ from aio_pika.abc import AbstractIncomingMessage
 
 from saga_app.stack import Stack
 from saga_shared.config import Settings
+from saga_shared.errors import RetryLater
 from saga_shared.security.trust import MOVED_HEADER
 from saga_shared.transport.bus import Bus
 from tests.integration.helpers import eventually, publish_start, remove_namespace, terminal
@@ -138,3 +139,41 @@ async def test_a_redelivered_outcome_is_moved_to_its_partitions_quorum_queue(
     assert all(s.sends == 1 for s in state.steps)
     assert [m.message_id for m in moved] == held[:1]
     assert moved[0].headers[MOVED_HEADER] == bus.user  # the adapter's, as the broker checked it
+
+
+async def test_an_outcome_whose_handling_failed_and_whose_queue_went_holds_no_order(
+    settings: Settings, pool: asyncpg.Pool, order_id: str
+) -> None:
+    """The coordinator fails on a saga's first outcome (the database away, say), and the outcome
+    queue goes with the outcome before it is handed back (a broker restart). A block waiting for
+    that outcome would hold the order for ever (55 orders in a 10,000-saga chaos run): an
+    outcome's failure blocks nothing, the watch's resend brings the answer again, and the saga
+    completes with its order free."""
+    stack = Stack(settings, ["coordinator", "inventory", "erp", "payments", "email"])
+    await stack.start()
+    failed: list[str] = []
+    try:
+        async with Bus(settings) as bus:
+            t = bus.topology
+            coordinator = stack.coordinator
+            assert coordinator is not None
+            handle = coordinator.handle
+
+            async def fail_first(delivery: AbstractIncomingMessage, partition: int) -> None:
+                if delivery.exchange == t.outcomes_exchange and not failed:
+                    failed.append(delivery.message_id or "")
+                    await lose(bus, t.outcome_queue(partition))
+                    raise RetryLater("the database is away")
+                await handle(delivery, partition)
+
+            coordinator.handle = fail_first  # type: ignore[method-assign]
+            saga = await publish_start(bus, order_id)
+            state = await terminal(stack, saga)
+    finally:
+        await stack.stop()
+        await remove_namespace(settings)
+
+    assert len(failed) == 1
+    assert state.status == "completed"
+    blocks = await pool.fetchval("SELECT count(*) FROM order_blocks WHERE order_id = $1", order_id)
+    assert blocks == 0

@@ -203,3 +203,20 @@ async def test_in_roles_mode_a_request_not_from_the_coordinator_is_buried_as_for
         "SELECT count(*) FROM sim_email_messages WHERE order_id = $1", order_id
     )
     assert sent == 0
+
+
+async def test_looking_for_missing_queues_leaves_no_channel_open(settings: Settings) -> None:
+    """The broker closes a channel whose passive declare finds no queue; a robust channel then
+    opened itself again, unseen: the watch leaked a channel per missing queue per look."""
+    gone = [f"{settings.namespace}.gone.{n}" for n in range(3)]
+    async with Bus(settings) as bus:
+        transport = bus.connection.transport
+        assert transport is not None
+        channels = transport.connection.channels  # aiormq's, by number
+        before = set(channels)
+        for _ in range(3):
+            assert await bus.missing(gone) == gone
+            assert await bus.depths(gone) == dict.fromkeys(gone)
+        await bus.declare()
+        await asyncio.sleep(0.5)  # a robust channel reopens within a round trip
+        assert set(channels) == before

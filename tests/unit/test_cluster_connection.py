@@ -12,6 +12,8 @@ import pytest
 from aio_pika.robust_connection import RobustConnection
 from yarl import URL
 
+from saga_shared.config import Settings
+from saga_shared.transport.bus import Bus
 from saga_shared.transport.cluster_connection import (
     ClusterConnection,
     connect_cluster,
@@ -51,6 +53,9 @@ class Recorded:
 
     async def __call__(self, url: str, **kwargs: Any) -> Any:
         self.calls.append((url, kwargs))
+        return self
+
+    async def channel(self, **_: Any) -> object:
         return object()
 
 
@@ -108,3 +113,20 @@ async def test_when_the_node_in_use_goes_away_the_next_one_is_tried_first(
     with pytest.raises(ConnectionError):
         await step()  # every node tried once, from the one after, then the last refusal raised
     assert dialled[4:] == [NODES[2], NODES[0], NODES[1]]
+
+
+async def test_every_node_is_dialled_with_a_heartbeat_of_half_the_lease_unless_the_url_names_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broker drops a silent connection after two heartbeats: with half the lease, a frozen
+    coordinator's queues pass when its locks do. What the URL says wins."""
+    recorded = Recorded()
+    monkeypatch.setattr(aio_pika, "connect_robust", recorded)
+    lease = Settings(amqp_url=URL3, partition_lease_s=10.0)
+    await Bus(lease).connect()
+    await Bus(lease.with_(amqp_url=f"{URL3}?heartbeat=30")).connect()
+
+    (_, kwargs), (_, kwargs_own) = recorded.calls
+    assert all(URL(str(n)).query["heartbeat"] == "5" for n in kwargs["connection_class"].NODES)
+    assert all(URL(str(n)).query["heartbeat"] == "30"
+               for n in kwargs_own["connection_class"].NODES)  # fmt: skip
