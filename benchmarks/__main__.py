@@ -6,6 +6,7 @@ plots.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 from collections.abc import Callable
@@ -93,8 +94,11 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
     if args.cluster_rounds:  # disposable nodes of its own, so before the preload's writes
         from tests.chaos.cluster_speed import compare
 
-        findings.cluster = await compare(sagas_for(args.sagas, busiest), busiest,
-                                         args.cluster_rounds)  # fmt: skip
+        # On a loop of its own, asyncio's: under uvloop the disposable Postgres's `pg_ctl start`
+        # never gave its output's end (its server kept the pipe), and the run stopped there.
+        findings.cluster = await asyncio.to_thread(
+            asyncio.run, compare(sagas_for(args.sagas, busiest), busiest, args.cluster_rounds)
+        )
         print(f"cluster: {findings.cluster.ratio:.2f}x the single node", flush=True)
     # Last: the preload leaves gigabytes of dirty pages and WAL that Postgres writes out for
     # minutes after, which would slow every measurement behind it (the growth run's own rounds

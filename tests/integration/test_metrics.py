@@ -19,7 +19,7 @@ from saga_services.faults import add_fault
 from saga_shared.client import SagaClient
 from saga_shared.config import Settings
 from saga_shared.observability import metrics
-from tests.integration.helpers import saga_env
+from tests.integration.helpers import remove_namespace, saga_env
 from tests.integration.test_sagas import REFUND
 from tests.ports import free_port
 
@@ -105,6 +105,8 @@ async def test_saga_run_serves_metrics_and_logs_json_lines(settings: Settings) -
             proc.kill()
             _, err = await proc.communicate()
             raise AssertionError(f"no exit 60 s after SIGTERM: {err.decode()[-3000:]}") from None
+        finally:
+            await remove_namespace(settings)  # the queues the coordinator declared
 
     assert "saga_outbox_depth " in text
     assert "# TYPE saga_started_total counter" in text
