@@ -8,7 +8,9 @@ partition p while that session holds p's lock, and nobody else takes p meanwhile
 - A process that dies drops its connection, and with it its locks: another takes them at its
   next look (every ``SAGA_WATCHDOG_S``).
 - A process that freezes stops looking; every look is a statement, and the server ends a session
-  idle for ``SAGA_PARTITION_LEASE_S`` (``idle_session_timeout``), so its locks pass. Woken, it
+  idle for ``SAGA_PARTITION_LEASE_S`` (``idle_session_timeout``), so its locks pass; the broker
+  drops its silent connection about then (``Bus`` asks for a heartbeat of half the lease), so
+  its queues' single active consumers pass to the process that took the locks. Woken, it
   finds its session gone, asks again for what it consumes, and stops consuming what another
   holds now. Until it has looked, it may still apply what it has in hand: every order's row lock
   and the guarded apply keep the register right with two appliers, and the partition queue's

@@ -64,7 +64,7 @@ async def leaders_of(broker: DisposableRabbit | RabbitCluster, namespace: str) -
     if not isinstance(broker, RabbitCluster):
         return ""
     led = await broker.leaders_per_node(f"{namespace}.")
-    return ", leaders per node " + "/".join(str(n) for n in led.values())
+    return "/".join(str(n) for n in led.values())
 
 
 # The Erlang flags RabbitMQ's runtime guide gives for nodes that share their cores with other
@@ -112,8 +112,9 @@ async def compare(
                     led = await leaders_of(broker, namespace)
                 results.append(rate)
                 if led:
-                    leaders.append(led.removeprefix(", leaders per node "))
-                say(f"round {r + 1} {side:7s} {rate:6.1f} sagas/s{led}")
+                    leaders.append(led)
+                say(f"round {r + 1} {side:7s} {rate:6.1f} sagas/s"
+                    + (f", leaders per node {led}" if led else ""))  # fmt: skip
     return ClusterSpeed(sagas, width, tuple(single), tuple(cluster), tuple(leaders), erl_args)
 
 
