@@ -388,3 +388,8 @@ def _check_url(url: str, schemes: tuple[str, ...]) -> None:
         for mode in parse_qs(parts.query).get("sslmode", []):
             if mode not in _SSLMODES:
                 raise _Rule(f"sslmode={mode!r}: use one of {', '.join(_SSLMODES)}")
+        # aiormq reads a bad or negative heartbeat as 0, no heartbeat at all: a frozen
+        # coordinator would then keep its partition queues for as long as it stays frozen.
+        for beat in parse_qs(parts.query).get("heartbeat", []):
+            if not (beat.isdigit() and 1 <= int(beat) <= 65534):
+                raise _Rule(f"heartbeat={beat!r}: a whole number of seconds, 1 to 65534")

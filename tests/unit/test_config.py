@@ -256,6 +256,10 @@ def test_a_coordinator_share_is_k_of_n() -> None:
         ("SAGA_DATABASE_URL", "mysql://db/saga", "scheme must be one of postgresql"),
         ("SAGA_DATABASE_URL", "postgresql://u:hunter2@db:x/saga", "Port could not be cast"),
         ("SAGA_DATABASE_URL", "postgresql://u:hunter2@db/saga?sslmode=bogus", "sslmode='bogus'"),
+        # aiormq would read each as no heartbeat: a frozen coordinator kept its partitions.
+        ("SAGA_AMQP_URL", "amqp://u:hunter2@h/?heartbeat=abc", "heartbeat='abc'"),
+        ("SAGA_AMQP_URL", "amqp://u:hunter2@h/?heartbeat=-5", "heartbeat='-5'"),
+        ("SAGA_AMQP_URL", "amqp://u:hunter2@h/?heartbeat=0", "heartbeat='0'"),
     ],
 )
 def test_a_url_the_clients_cannot_use_is_refused_without_showing_its_password(
