@@ -26,7 +26,7 @@ from benchmarks.harness import (
     run_growth,
     sagas_for,
 )
-from benchmarks.report import Findings, PeerRun, write
+from benchmarks.report import BUSY, Findings, PeerRun, write
 from saga_shared import loop
 from saga_shared.config import Settings
 
@@ -34,7 +34,7 @@ from saga_shared.config import Settings
 def _line(r: Result) -> str:
     p = r.plan
     return (f"{p.mix} x{p.sagas} c={p.concurrency} coordinators={p.coordinators} "
-            f"identity={p.identity} "
+            f"identity={p.identity}{' embedded' if p.embedded else ''} "
             f"stored={p.preload:,}: {r.rate:.1f} sagas/s, p50 {r.percentile(50):.1f} ms, "
             f"p99 {r.percentile(99):.1f} ms, {r.messages_per_saga:.1f} msgs/saga, "
             f"{r.transactions_per_saga:.1f} tx/saga, {r.cpu_ms:.1f} CPU ms/saga, "
@@ -90,7 +90,7 @@ async def measure(settings: Settings, args: argparse.Namespace) -> Findings:
         if n != 1:
             findings.scaling.append(await _run(settings, replace(base, coordinators=n)))
     findings.accepted = await _commands(settings, args) if args.commands else []
-    findings.ours_refund, findings.peer = await _side_by_side(settings, args)
+    findings.ours_refund, findings.peer, findings.embedded = await _side_by_side(settings, args)
     if args.cluster_rounds:  # disposable nodes of its own, so before the preload's writes
         from tests.chaos.cluster_speed import compare
 
@@ -128,29 +128,36 @@ async def _commands(settings: Settings, args: argparse.Namespace) -> list[Accept
 
 async def _side_by_side(
     settings: Settings, args: argparse.Namespace
-) -> tuple[list[Result], list[PeerRun]]:
+) -> tuple[list[Result], list[PeerRun], list[Result]]:
     """Refunds on this stack and on the DBOS peer (in one process, and in as many as there
-    are cores), in alternating rounds so a change in the machine's load hits both, pooled."""
+    are cores), in alternating rounds so a change in the machine's load hits both, pooled;
+    with ``--embedded``, at 1 and 64 also in one process with the in-process hand-off."""
     cores = os.cpu_count() or 1
     if not args.no_peer:  # DBOS is the bench extra's
         from benchmarks.peer_dbos import pooled as pooled_peer
         from benchmarks.peer_dbos import run_dbos_processes
     ours: list[Result] = []
     peers: list[PeerRun] = []
+    embedded: list[Result] = []
     for c in args.peer_concurrency:
         mine: list[Result] = []
+        alone: list[Result] = []
         theirs: dict[int, list[Any]] = {n: [] for n in sorted({1, min(cores, c)})}
         sagas = sagas_for(args.sagas, c)
         for _ in range(args.rounds):
-            mine.append(await _run(settings, Plan(sagas, c, mix="refund", identity=args.identity)))
+            plan = Plan(sagas, c, mix="refund", identity=args.identity)
+            mine.append(await _run(settings, plan))
+            if args.embedded and c in (1, BUSY):  # shared identity: the hand-off's only
+                alone.append(await _run(settings, replace(plan, identity="shared", embedded=True)))
             for n, runs in ({} if args.no_peer else theirs).items():
                 peer = await run_dbos_processes(settings.database_url, sagas, c, n)
                 print(f"{peer.name} x{n} c={c}: {peer.rate:.1f} sagas/s, "
                       f"p50 {peer.percentile(50):.1f} ms", flush=True)  # fmt: skip
                 runs.append(peer)
         ours.append(pooled(mine))
+        embedded += [pooled(alone)] if alone else []
         peers += [pooled_peer(runs) for runs in theirs.values() if runs]
-    return ours, peers
+    return ours, peers, embedded
 
 
 def main() -> None:
@@ -178,6 +185,11 @@ def main() -> None:
     parser.add_argument("--commands", type=_at_least(0), default=5000,
                         help="gated starts for the commands-accepted rate (0: skip)")  # fmt: skip
     parser.add_argument("--no-peer", action="store_true", help="skip DBOS (no bench extra)")
+    parser.add_argument(
+        "--embedded", action=argparse.BooleanOptionalAction, default=True,
+        help="beside DBOS at 1 and 64, refunds also in one process with the in-process "
+        "hand-off (SAGA_HANDOFF=in-process), reported apart",
+    )  # fmt: skip
     parser.add_argument(
         "--cluster-rounds", type=_at_least(0), default=3,
         help="refunds at the busiest concurrency on a disposable node and on a disposable "

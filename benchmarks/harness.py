@@ -41,6 +41,9 @@ class Plan:
     preload: int = 0  # finished sagas stored before the run
     profile: bool = False  # sample the coordinator and the adapters with py-spy meanwhile
     identity: Literal["shared", "roles"] = "shared"  # roles: every process on its own account
+    # One process runs everything (`saga run all`) and hands requests and outcomes to its own
+    # consumers (SAGA_HANDOFF=in-process, shared identity only): reported apart.
+    embedded: bool = False
 
 
 @dataclass
@@ -141,7 +144,10 @@ class CpuMeter:
 
 
 async def _start_processes(
-    settings: Settings, coordinators: int, extra: dict[str, str] | None = None
+    settings: Settings,
+    coordinators: int,
+    extra: dict[str, str] | None = None,
+    embedded: bool = False,
 ) -> list[tuple[str, asyncio.subprocess.Process]]:
     env = {
         **os.environ,
@@ -162,6 +168,8 @@ async def _start_processes(
     groups = [(f"coordinator-{n}", {"SAGA_COORDINATOR_SHARE": f"{n}/{coordinators}"},
                ["coordinator"]) for n in range(coordinators)]  # fmt: skip
     groups.append(("adapters", {}, ["inventory", "erp", "payments", "email"]))
+    if embedded:
+        groups = [("embedded", {"SAGA_HANDOFF": "in-process"}, ["all"])]
     procs = []
     for name, own, components in groups:
         proc = await asyncio.create_subprocess_exec(
@@ -275,7 +283,7 @@ async def _fresh(
 async def _measure(settings: Settings, plan: Plan, notes: list[str]) -> Result:
     run = new_run_id()  # the sagas' ids: each measurement its own
     await inject_faults(settings.database_url, run, plan.sagas, plan.mix)
-    procs = await _start_processes(settings, plan.coordinators)
+    procs = await _start_processes(settings, plan.coordinators, embedded=plan.embedded)
     try:
         await asyncio.sleep(SETTLE_S)
         await run_load(settings, f"w{run}", min(4, plan.sagas), min(4, plan.concurrency), "mixed")

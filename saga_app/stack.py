@@ -90,6 +90,8 @@ class Stack:
             else next(iter(self.services.values())).name,
         )
         self.bus = Bus(settings, user=self.directory.user(first))
+        if settings.handoff == "in-process":  # one account: the settings refuse it in roles
+            self.bus.hand_over()
         self._buses: dict[str, Bus] = {"shared" if self._shared else first: self.bus}
         self._pools: dict[str, asyncpg.Pool] = {}
         self._own_pools: list[asyncpg.Pool] = []

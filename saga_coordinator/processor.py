@@ -43,7 +43,8 @@ def route(topology: Topology, transition: Transition) -> list[OutboxRow]:
             rows.append(OutboxRow.of("", item.to, item.message))
         elif isinstance(item, ActionRequest):
             key = topology.request_key(service_of(item.action))
-            rows.append(OutboxRow.of(topology.actions_exchange, key, item))
+            row = OutboxRow.of(topology.actions_exchange, key, item)
+            rows.append(replace(row, local=item.attempt == 1))
         elif isinstance(item, SettleRequest):
             service = service_of(item.action)
             rows.append(OutboxRow.of(topology.actions_exchange, service, item))

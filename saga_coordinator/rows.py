@@ -21,6 +21,11 @@ class OutboxRow:
     order_id: str
     body: bytes
     headers: dict[str, Any] = field(default_factory=dict)
+    # A consumer in this process may take it without the broker (``Bus.hand_over``): only a
+    # request's first send, published by the process that wrote it. Not stored: what the relay
+    # reads back goes through the broker, as does a resend, where its deliveries are counted
+    # (a request that kills its process is buried at the limit instead of looping).
+    local: bool = False
 
     def amqp(self) -> Outgoing:
         return to_amqp(

@@ -84,7 +84,7 @@ class Sender:
         crash_point("coordinator.before_publish")
         items = [(row.exchange, row.routing_key, row.amqp()) for _, row in rows]
         try:
-            errors = await self.bus.publish_many(items)
+            errors = await self.bus.publish_many(items, local=[row.local for _, row in rows])
             if any(errors):
                 await self._requests_again(rows, items, errors)
         except Exception as exc:  # the broker is away: the relay publishes them later

@@ -56,6 +56,7 @@ from saga_shared.transport.bus import Bus
 from saga_shared.transport.codec import decode_incoming
 from saga_shared.transport.delivery import Alone, BatchVerdict
 from saga_shared.transport.failures import failure_recorder
+from saga_shared.transport.handoff import is_local
 from saga_shared.transport.linger import Linger
 from saga_shared.transport.patience import publish_in_hand
 from saga_shared.transport.poison import PgCounter, Poison
@@ -203,7 +204,7 @@ class Adapter:
                 _running(req)
                 return
             crash_point("adapter.before_publish")
-            [error] = await self._publish_outcomes([(req, report, None)], [message])
+            [error] = await self._publish_outcomes([(req, report, None)], [message], [message])
             if error is not None:
                 # Not confirmed: requeue the request; its stored outcome is published next time.
                 raise _unconfirmed(req, error) from error
@@ -264,8 +265,9 @@ class Adapter:
         spans = [self._span(req, messages[i], began) for i, req, _ in reports]
         pairs = zip(reports, spans, strict=True)
         sent = await self._publish_outcomes(
-            [(req, out, span) for (_, req, out), span in pairs], messages
-        )
+            [(req, out, span) for (_, req, out), span in pairs], messages,
+            [messages[i] for i, _, _ in reports],
+        )  # fmt: skip
         for (i, req, outcome), error, span in zip(reports, sent, spans, strict=True):
             verdicts[i] = None if error is None else _unconfirmed(req, error)
             span.end()
@@ -277,12 +279,17 @@ class Adapter:
         self,
         outcomes: Sequence[tuple[Incoming, Report, tracing.Span | None]],
         deliveries: Sequence[AbstractIncomingMessage],
+        requests: Sequence[AbstractIncomingMessage],
     ) -> list[BaseException | None]:
         """One confirm round for the outcomes, each carrying its request's span (``None``: the
-        current one); an outcome the broker cannot take for now keeps its request in hand."""
+        current one); an outcome the broker cannot take for now keeps its request in hand
+        (``deliveries``: the ones in hand). An outcome may be handed over in this process only
+        when its request (of ``requests``, one per outcome) was: a first send. One answering
+        a resend goes through the broker, which counts its deliveries."""
         assert self.bus is not None
         items = [self.bus.for_outcome(out, tracing.headers_of(span)) for _, out, span in outcomes]
-        return await publish_in_hand(self.bus, items, deliveries)
+        local = [is_local(request) for request in requests]
+        return await publish_in_hand(self.bus, items, deliveries, local=local)
 
     def _span(
         self, req: Incoming, message: AbstractIncomingMessage, began: int | None = None

@@ -232,6 +232,10 @@ class Settings(BaseSettings):
     # connects as its own user and every message's sender is checked; "shared": one account for
     # everything, for a developer's machine and tests only (nothing is verified).
     identity: Literal["roles", "shared"] = "roles"
+    # "in-process": a process that runs the coordinator and adapters together (``saga run``,
+    # shared identity only) hands requests and outcomes to its own consumers instead of
+    # publishing them (saga_shared.transport.handoff); "broker": everything through RabbitMQ.
+    handoff: Literal["broker", "in-process"] = "broker"
     # Role users are <prefix>coordinator, <prefix>inventory, ..., <prefix>ops; Postgres roles
     # the same with "_".
     user_prefix: Annotated[
@@ -275,6 +279,16 @@ class Settings(BaseSettings):
             return handler(data)
         except ValidationError as exc:
             raise ConfigError(_describe(exc)) from None
+
+    @model_validator(mode="after")
+    def _handoff_in_one_account(self) -> Settings:
+        if self.handoff == "in-process" and self.identity != "shared":
+            raise ConfigError(
+                "SAGA_HANDOFF=in-process needs SAGA_IDENTITY=shared: a message handed over in "
+                f"the process skips the broker's check of who sent it (SAGA_IDENTITY is "
+                f"{self.identity!r})"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

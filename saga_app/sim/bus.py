@@ -50,8 +50,11 @@ class SimBus:
             exchange, routing_key, message, mandatory=self._mandatory(exchange)
         )
 
-    async def publish_many(self, items: Sequence[Item]) -> list[BaseException | None]:
-        """Every item sent in order, then each confirm awaited: per item None or the error."""
+    async def publish_many(
+        self, items: Sequence[Item], *, local: Sequence[bool] = ()
+    ) -> list[BaseException | None]:
+        """Every item sent in order, then each confirm awaited: per item None or the error
+        (``local`` is the real bus's hand-off, which the simulation does not have)."""
         if self.before is not None:
             await self.before()
         sent: list[asyncio.Future[None] | BaseException] = []

@@ -57,6 +57,11 @@ DEAD_LETTER_REASONS = (
 DELIVERIES = Counter(
     "saga_queue_deliveries", "Messages this process's consumers received, by queue", ["queue"]
 )
+HANDED_OVER = Counter(
+    "saga_handed_over",
+    "Requests and outcomes handed to a consumer in this process instead of published, by queue",
+    ["queue"],
+)
 CONSUMER_RESTARTS = Counter(
     "saga_consumer_restarts", "Consumers subscribed again after the broker dropped them", ["queue"]
 )

@@ -25,6 +25,7 @@ from saga_shared.security.identity import amqp_url_for, user_of_url
 from saga_shared.transport.cluster_connection import connect_cluster
 from saga_shared.transport.codec import Outgoing, message_to_amqp
 from saga_shared.transport.consumer import consume
+from saga_shared.transport.handoff import Handoff
 from saga_shared.transport.ports import Publisher
 from saga_shared.transport.topology import Topology
 
@@ -73,6 +74,16 @@ class Bus:
         # Where a publish to an exchange not proven yet goes, one at a time (``_publish_apart``).
         self._apart: AbstractChannel | None = None
         self._apart_lock = asyncio.Lock()
+        # Set by a process that runs its consumers beside its publishers in one account
+        # (``saga_app.stack``, ``SAGA_HANDOFF=in-process``): requests and outcomes for them
+        # are handed over here, never published.
+        self.handoff: Handoff | None = None
+
+    def hand_over(self) -> Handoff:
+        """Hand requests and outcomes to this process's own consumers from now on."""
+        if self.handoff is None:
+            self.handoff = Handoff(self.topology, self.publish_raw)
+        return self.handoff
 
     async def connect(self) -> None:
         frames.install(self.settings.coalesce_frames)
@@ -264,15 +275,35 @@ class Bus:
         with contextlib.suppress(Exception):
             await channel.close()
 
+    def _taken_here(self, exchange: str, routing_key: str, message: Publishable) -> bool:
+        if self.handoff is None or not isinstance(message, Outgoing):
+            return False
+        return self.handoff.take(exchange, routing_key, message, self.user)
+
     def _mandatory(self, exchange: str) -> bool:
         return exchange not in ("", self.topology.events_exchange)
 
-    async def publish_many(self, items: Sequence[Item]) -> list[BaseException | None]:
+    async def publish_many(
+        self, items: Sequence[Item], *, local: Sequence[bool] = ()
+    ) -> list[BaseException | None]:
         """Publish a batch, each in the list's order, and say per item ``None`` (confirmed) or
         the error. Publishes to exchanges that have confirmed one before are pipelined: one
         confirm round trip for the lot. A publish to any other exchange goes alone: were the
         exchange missing, the broker would close the channel, and a publish already sent
-        behind it would turn that into closing the whole connection."""
+        behind it would turn that into closing the whole connection.
+
+        ``local``: per item, whether a consumer of this process may take it instead
+        (``hand_over``); one it takes is not published, and is reported confirmed."""
+        if self.handoff is None or not any(local):
+            return await self._publish_many(items)
+        flags = [*local, *[False] * (len(items) - len(local))]
+        here = [flag and self._taken_here(*item) for item, flag in zip(items, flags, strict=True)]
+        left = iter(
+            await self._publish_many([i for i, h in zip(items, here, strict=True) if not h])
+        )
+        return [None if h else next(left) for h in here]
+
+    async def _publish_many(self, items: Sequence[Item]) -> list[BaseException | None]:
         results: list[BaseException | None] = []
         run: list[Item] = []
         for item in items:

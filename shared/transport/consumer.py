@@ -29,6 +29,7 @@ from saga_shared.transport.delivery import (
     deliver,
     deliver_batch,
 )
+from saga_shared.transport.handoff import Taker, is_local
 from saga_shared.transport.linger import NEVER, Linger
 
 if TYPE_CHECKING:
@@ -208,6 +209,15 @@ class _Subscription:
         else:
             await asyncio.shield(self.start(message))
 
+    def take_here(self, message: AbstractIncomingMessage) -> None:
+        """A delivery handed over in this process (``saga_shared.transport.handoff``): into the
+        same arrival order as the broker's, never counted among the channel's unsettled."""
+        FLOW.delivered(self.queue_name)
+        if self.mode == "sequential" or self.batch is not None:
+            self.inbox.put_nowait(message)
+        else:
+            self.start(message)
+
     async def one_by_one(self) -> None:
         while True:
             await asyncio.shield(self.start(await self.inbox.get()))
@@ -215,15 +225,16 @@ class _Subscription:
     async def batches(self, handle: BatchHandler, most: int) -> None:
         last = 0
         while True:
-            taken = [await self.inbox.get()]
             # Taken but not started, like those still in the inbox: a stop meanwhile closes the
-            # channel, and the broker hands it out again.
+            # channel, and the broker hands it out again; one handed over here is in
+            # ``carried`` for the stop to send the broker's way.
+            taken = self.carried = [await self.inbox.get()]
             wait = self.linger.wait(last, self.inbox.qsize() + 1, most)
             if wait:
                 await asyncio.sleep(wait)
             while not self.inbox.empty() and len(taken) < most:
                 taken.append(self.inbox.get_nowait())
-            last = len(taken)
+            self.carried, last = [], len(taken)
             done = deliver_batch(taken, handle, self.unsettled, self.start, self.on_failure)
             await asyncio.shield(self.keep(asyncio.ensure_future(done)))
 
@@ -304,6 +315,7 @@ class _Subscription:
         elif self.mode == "sequential":
             worker = asyncio.create_task(self.one_by_one())
         tags: dict[str, AbstractQueue] = {}
+        takers: list[tuple[str, Taker]] = []
         try:
             for name, handler in ((self.queue_name, None), *self.also):
                 queue = await channel.get_queue(name, ensure=False)
@@ -311,6 +323,10 @@ class _Subscription:
                 tags[tag] = queue
                 if handler is not None:
                     self.handlers[tag] = handler
+                handoff = self.bus.handoff
+                taker = handoff.attach(name, tag, self.take_here) if handoff else None
+                if taker is not None:
+                    takers.append((name, taker))
             while True:
                 await asyncio.sleep(self.bus.settings.watchdog_s)
                 underlay = await channel.get_underlay_channel()
@@ -321,17 +337,21 @@ class _Subscription:
                 if worker is not None and worker.done():
                     worker.result()
         finally:
-            await self._wind_down(channel, tags, worker)
+            await self._wind_down(channel, tags, worker, takers)
 
     async def _wind_down(
         self,
         channel: AbstractChannel,
         tags: dict[str, AbstractQueue],
         worker: asyncio.Task[None] | None,
+        takers: Sequence[tuple[str, Taker]] = (),
     ) -> None:
         """Stop taking deliveries, let the ones in hand finish (bounded), send the acks held
         back, then close: whatever was prefetched but not started goes back to the queue, in
-        order."""
+        order, and what was handed over here but not started goes the broker's way."""
+        for name, taker in takers:
+            if self.bus.handoff is not None:
+                self.bus.handoff.detach(name, taker)
         for tag, queue in tags.items():
             if not channel.is_closed:
                 with contextlib.suppress(Exception):
@@ -339,6 +359,7 @@ class _Subscription:
         if worker is not None:
             worker.cancel()
             await asyncio.gather(worker, return_exceptions=True)
+        await self._hand_back()
         if self.in_hand:
             await asyncio.wait(set(self.in_hand), timeout=self.bus.settings.stop_grace_s)
         if self.acks is not None and not channel.is_closed:
@@ -347,3 +368,12 @@ class _Subscription:
         if not channel.is_closed:
             with contextlib.suppress(Exception):
                 await channel.close()
+
+    async def _hand_back(self) -> None:
+        """The deliveries handed over here and not started: the broker's way (their queue's
+        rules then apply); the broker's own go back when the channel closes."""
+        waiting = [*self.carried, *(self.inbox.get_nowait() for _ in range(self.inbox.qsize()))]
+        self.carried = []
+        # At once, in their order on the channel: each waits for its confirm, and one timeout
+        # bounds them all while the broker is away.
+        await asyncio.gather(*(m.reject(requeue=True) for m in waiting if is_local(m)))

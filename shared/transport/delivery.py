@@ -18,6 +18,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from saga_shared.errors import DeliveryLimitReached, InvalidMessage, RetryLater
 from saga_shared.model.text import header_text
 from saga_shared.observability.logs import context
+from saga_shared.transport.handoff import is_local
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,11 @@ class Acks:
         if outcome is not Outcome.ACK:
             await self.flush()
             await settle(message, outcome)
+            return
+        if is_local(message):  # handed over in this process: no ack of the broker's covers it
+            await message.ack()
+            if not self.waiting():
+                await self.flush()
             return
         self._held, self._count = message, self._count + 1
         if self._count >= self.most or not self.waiting():

@@ -42,15 +42,19 @@ async def publish_in_hand(
     *,
     first_wait_s: float = 0.05,
     most_wait_s: float = 5.0,
+    local: Sequence[bool] = (),
 ) -> list[BaseException | None]:
     """``bus.publish_many``, with the items the broker cannot take for now published again
-    (in their order) until they are confirmed or ``deliveries`` can no longer be settled."""
+    (in their order) until they are confirmed or ``deliveries`` can no longer be settled;
+    ``local``: per item, whether a consumer of this process may take it instead."""
     results: list[BaseException | None] = [None] * len(items)
     pending = list(range(len(items)))
     wait = first_wait_s
     while pending:
         try:
-            errors = await bus.publish_many([items[i] for i in pending])
+            errors = await bus.publish_many(
+                [items[i] for i in pending], local=[i < len(local) and local[i] for i in pending]
+            )
         except Exception as exc:  # the channel could not even be opened
             errors = [exc] * len(pending)
         for i, error in zip(pending, errors, strict=True):

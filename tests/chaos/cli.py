@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
         help="three RabbitMQ nodes (a broker crash kills the leader of most partitions) and a "
         "Postgres primary with a synchronous standby (the first database crash fails over)",
     )  # fmt: skip
+    parser.add_argument(
+        "--embedded", action="store_true",
+        help="two `saga run all` processes with the in-process hand-off (SAGA_HANDOFF), each "
+        "owning half the partitions, instead of a process per coordinator and adapter",
+    )  # fmt: skip
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--reverify", type=Path, metavar="RUN_DIR", help="check a kept run again")
     return parser
@@ -71,6 +76,7 @@ def config_from(args: argparse.Namespace) -> ChaosConfig:
         with_faults=not args.no_faults,
         workdir=args.workdir,
         cluster=args.cluster,
+        embedded=args.embedded,
     )
 
 

@@ -49,7 +49,7 @@ from tests.chaos.load import (
     saga_plans,
 )
 from tests.chaos.monkey import MIN_UPTIME_BEFORE_BROKER_CRASH_S, Monkey, Say, chaos_catalog
-from tests.chaos.processes import ProcessExit, Supervisor
+from tests.chaos.processes import COMPONENTS, EMBEDDED, ProcessExit, Supervisor
 from tests.chaos.summary import summarize, violation_lines
 
 Disruption = Callable[["ChaosSystem", Say], Coroutine[Any, Any, None]]
@@ -88,6 +88,9 @@ class ChaosConfig:
     per_order: tuple[int, ...] = LoadShape.per_order
     workdir: Path | None = None
     cluster: bool = False  # three broker nodes, and a primary with a standby
+    # Two `saga run all` processes, each handing requests and outcomes to its own consumers
+    # (SAGA_HANDOFF=in-process), instead of a process per coordinator and adapter.
+    embedded: bool = False
     # A scripted outage run beside the load (the outage tests): started with the load.
     disruption: Disruption | None = None
 
@@ -130,9 +133,12 @@ class ChaosSystem:
     its own OS process. Everything is stopped and removed on exit, the logs kept in ``workdir``."""
 
     def __init__(
-        self, workdir: Path, say: Say = _say, partitions: int = 4, *, cluster: bool = False
-    ) -> None:
+        self, workdir: Path, say: Say = _say, partitions: int = 4, *, cluster: bool = False,
+        embedded: bool = False,
+    ) -> None:  # fmt: skip
         self.workdir = workdir
+        # Two `saga run all` processes with the in-process hand-off, instead of one per part.
+        self.embedded = embedded
         self.say = say
         self.partitions = partitions
         # A cluster: three RabbitMQ nodes (a broker crash kills the leader of most partitions)
@@ -181,6 +187,7 @@ class ChaosSystem:
             "SAGA_NAMESPACE": NAMESPACE,
             "SAGA_PARTITIONS": str(self.partitions),
             "SAGA_IDENTITY": "shared",
+            "SAGA_HANDOFF": "in-process" if self.embedded else "broker",
             "SAGA_QUORUM_SIZE": str(self.settings.quorum_size),
             "SAGA_LOG_LEVEL": "WARNING",
         }
@@ -207,7 +214,8 @@ class ChaosSystem:
             await bus.declare()  # so the agents can publish before any process is up
         # min_size 0: an idle pool does not log reconnect failures while the database is down.
         self._pool = await asyncpg.create_pool(self.settings.database_url, min_size=0, max_size=4)
-        self._supervisor = Supervisor(self.env(), self.workdir / "logs", self.say)
+        self._supervisor = Supervisor(self.env(), self.workdir / "logs", self.say,
+                                      dict(EMBEDDED if self.embedded else COMPONENTS))  # fmt: skip
         await self.supervisor.start_all()
         self.say(
             f"system up in {time.monotonic() - started:.1f}s: postgres :{self.pg.port}, "
@@ -289,7 +297,9 @@ async def run_chaos(config: ChaosConfig, say: Say = _say) -> ChaosResult:
     load = build_load(config, rng)
     (workdir / "load.json").write_text(json.dumps(load.describe(), indent=1))
     with _library_logs_to(workdir / "harness.log"):
-        async with ChaosSystem(workdir, say, cluster=config.cluster) as system:
+        async with ChaosSystem(
+            workdir, say, cluster=config.cluster, embedded=config.embedded
+        ) as system:
             result = await _drive(system, load, config, seed, rng, say)
     result.graceful_stop = system.graceful_stop
     result.summary = summarize(result)

@@ -30,6 +30,8 @@ COMPONENTS: dict[str, str] = {
     "payments": "payments",
     "email": "email",
 }
+# Or two processes that run everything, each with half the partitions (``--embedded``).
+EMBEDDED: dict[str, str] = {"coordinator-1": "all", "coordinator-2": "all"}
 SHARES: dict[str, str] = {"coordinator-1": "0/2", "coordinator-2": "1/2"}
 MAIN_PACKAGE_DIR = Path(__file__).resolve().parents[2]
 

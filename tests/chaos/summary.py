@@ -22,7 +22,8 @@ def summarize(result: ChaosResult) -> str:
         "=" * 78,
         f"CHAOS SUMMARY  ({'PASS' if result.ok else 'FAIL'})   seed {result.seed}",
         f"run directory        {result.workdir}",
-        f"sagas                {result.config.sagas} over {result.orders} orders",
+        f"sagas                {result.config.sagas} over {result.orders} orders"
+        + (", two `saga run all` with the in-process hand-off" if result.config.embedded else ""),
         f"kills (SIGKILL)      {sum(result.kills.values())}: {kills}",
         f"frozen (SIGSTOP)     {frozen or 'none'}",
         f"broker restarts      {result.broker_restarts}",

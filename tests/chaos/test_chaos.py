@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chaos.harness import ChaosConfig, run_chaos
-from tests.chaos.processes import COMPONENTS
+from tests.chaos.harness import ChaosConfig, ChaosResult, run_chaos
+from tests.chaos.processes import COMPONENTS, EMBEDDED
 
 
 @pytest.mark.timeout(900)
@@ -44,7 +44,38 @@ async def test_every_rule_holds_for_every_saga_under_chaos() -> None:
     assert result.verdict.handling["deadlines_fired"] > 0, result.summary
     assert result.publish.aborts > 0 and result.publish.resumes > 0, result.summary
 
-    assert result.publish.confirmed == config.sagas, result.summary
+    held(result)
+
+
+@pytest.mark.timeout(900)
+async def test_every_rule_holds_with_the_in_process_hand_off() -> None:
+    """The same chaos on two `saga run all` processes with the in-process hand-off, each owning
+    half the partitions: a kill takes a coordinator and its adapters with whatever they had
+    handed each other, a freeze hangs both, and the starts and takeovers must send it again."""
+    config = ChaosConfig(
+        sagas=600,
+        rate=12.0,
+        kill_every_s=1.5,
+        kill_pause_s=2.0,
+        broker_restarts=1,
+        db_restarts=1,
+        settle_timeout_s=240.0,
+        freeze_coordinator_s=20.0,
+        embedded=True,
+    )
+    result = await run_chaos(config)
+
+    assert set(result.kills) == set(EMBEDDED), result.summary
+    assert result.broker_restarts >= 1 and result.db_restarts >= 1, result.summary
+    assert sum(result.freezes.values()) == 1, result.summary  # no process runs adapters alone
+    assert result.verdict.handling["requests_resent"] > 0, result.summary
+
+    held(result)
+
+
+def held(result: ChaosResult) -> None:
+    """Every rule held for every saga, each published start confirmed and final."""
+    assert result.publish.confirmed == result.config.sagas, result.summary
     assert result.settled, f"sagas still not final after the settle timeout\n{result.summary}"
     assert result.verdict.lost == 0, result.summary
     assert result.verdict.duplicated_effects == 0, result.summary

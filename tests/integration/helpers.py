@@ -104,6 +104,7 @@ def saga_env(settings: Settings) -> dict[str, str]:
         "SAGA_STANDBY_AFTER_S": str(settings.standby_after_s),
         "SAGA_COORDINATOR_SHARE": settings.coordinator_share,
         "SAGA_IDENTITY": settings.identity,
+        "SAGA_HANDOFF": settings.handoff,
         "SAGA_SECRETS_DIR": settings.secrets_dir,
         "SAGA_USER_PREFIX": settings.user_prefix,
         "SAGA_PEOPLE": settings.people,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from benchmarks.commands import Accepted, pooled
 from benchmarks.harness import Plan, Result
-from benchmarks.report import Findings, issue41_table, targets_table
+from benchmarks.report import Findings, issue41_table, markdown, targets_table
 from tests.chaos.cluster_speed import ClusterSpeed
 
 
@@ -106,3 +106,25 @@ def test_the_cluster_ratio_pools_its_rounds_and_names_how_the_nodes_ran() -> Non
     slower = replace(speed, cluster=(100.0, 100.0))
     lines = issue41_table(Findings(5000.0, 3, [ours(64, 300.0, 2.5)], cluster=slower))
     assert row(lines, "on the three-node cluster")[2:] == ["0.71x", "**no**"]
+
+
+def test_the_embedded_default_is_reported_apart_with_its_own_targets() -> None:
+    """The in-process hand-off's runs get issue 41's table of their own (no cluster row), and
+    the targets above stay the processes' figures."""
+    one, busy = ours(1, 50.0, 20.0), ours(64, 300.0, 5.0)
+    alone = [
+        replace(ours(1, 70.0, 12.0), plan=Plan(1000, 1, mix="refund", embedded=True)),
+        replace(ours(64, 330.0, 2.9), plan=Plan(1000, 64, mix="refund", embedded=True)),
+    ]
+    peers = [Peer(1, 1, 60.0), Peer(64, 1, 55.0), Peer(64, 2, 110.0)]
+    findings = Findings(5000.0, 3, [busy], ours_refund=[one, busy], peer=peers, embedded=alone)
+
+    text = markdown(findings, [])
+    section = text.split("## Issue 41's targets on the embedded default, apart")[1]
+    apart = section.split("## Targets of issue 10")[0].splitlines()
+
+    assert row(apart, "x DBOS in 1 process(es) at concurrency 64")[2:] == ["6.00x", "yes"]
+    assert row(apart, "CPU per saga at concurrency 64")[2:] == ["2.90 ms", "yes"]
+    assert not [line for line in apart if "three-node cluster" in line]
+    assert row(issue41_table(findings), "x DBOS in 1 process(es) at concurrency 64")[2] == "5.45x"
+    assert row(text.splitlines(), "refund, embedded | 1000 | 64")[5] == "**330.0**"

@@ -233,6 +233,17 @@ def test_an_event_pattern_matching_nothing_is_refused_naming_it() -> None:
         Settings.from_env({"SAGA_EVENTS": "saga.completed,sage.*"})
 
 
+def test_the_in_process_hand_off_needs_the_shared_identity() -> None:
+    """A handed-over message skips the broker's check of who sent it (rule 11)."""
+    shared = Settings.from_env({"SAGA_HANDOFF": "in-process", "SAGA_IDENTITY": "shared"})
+    assert shared.handoff == "in-process"
+    assert Settings().handoff == "broker"
+    with pytest.raises(ConfigError, match=r"SAGA_HANDOFF=in-process needs SAGA_IDENTITY=shared"):
+        Settings.from_env({"SAGA_HANDOFF": "in-process"})  # roles, the default
+    with pytest.raises(ConfigError, match=r"SAGA_HANDOFF='local': Input should be 'broker' or"):
+        Settings.from_env({"SAGA_HANDOFF": "local", "SAGA_IDENTITY": "shared"})
+
+
 def test_a_coordinator_share_is_k_of_n() -> None:
     from saga_coordinator.coordinator import share_of
 

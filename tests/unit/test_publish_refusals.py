@@ -51,7 +51,9 @@ class Refusing:
         self.rounds = list(rounds)
         self.sent: list[list[str]] = []
 
-    async def publish_many(self, items: Sequence[Item]) -> list[BaseException | None]:
+    async def publish_many(
+        self, items: Sequence[Item], *, local: Sequence[bool] = ()
+    ) -> list[BaseException | None]:
         self.sent.append([key for _, key, _ in items])
         errors = self.rounds.pop(0)
         assert len(errors) == len(items)

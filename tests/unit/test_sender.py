@@ -23,7 +23,9 @@ class SlowBus:
         self.rounds: list[list[str | None]] = []
         self.release = asyncio.Semaphore(0)
 
-    async def publish_many(self, items: Sequence[Item]) -> list[BaseException | None]:
+    async def publish_many(
+        self, items: Sequence[Item], *, local: Sequence[bool] = ()
+    ) -> list[BaseException | None]:
         self.rounds.append([message.properties.message_id for _, _, message in items])
         await self.release.acquire()
         return [None] * len(items)
@@ -125,7 +127,9 @@ class LosingBus:
             raise ConnectionError("the broker is away")
         self.declared += 1
 
-    async def publish_many(self, items: Sequence[Item]) -> list[BaseException | None]:
+    async def publish_many(
+        self, items: Sequence[Item], *, local: Sequence[bool] = ()
+    ) -> list[BaseException | None]:
         self.rounds.append([message.properties.message_id for _, _, message in items])
         return [RETURNED if not self.declared and key.startswith("request.") else None
                 for _, key, _ in items]  # fmt: skip
