@@ -85,8 +85,9 @@ class LocalDelivery(IncomingMessage):
         try:
             await self._away(self.exchange or "", self.routing_key or "", outgoing)
         except Exception as exc:
-            log.warning("message %s (%s) could not go the broker's way (%r): its step's deadline "
-                        "sends it again", self.message_id, self.type, exc)  # fmt: skip
+            log.warning("message %s (%s) could not go the broker's way (%r): lost as with its "
+                        "queue; its step's deadline sends the request again", self.message_id,
+                        self.type, exc)  # fmt: skip
 
 
 class Handoff:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -24,6 +25,7 @@ from saga_coordinator.store import Store
 from saga_shared.config import Settings
 from saga_shared.crashpoints import CRASH_EXIT
 from saga_shared.errors import RetryLater
+from saga_shared.storage.migrations import drop_database, migrate
 from saga_shared.transport.bus import Bus
 from saga_shared.transport.handoff import is_local
 from tests.integration.helpers import (
@@ -78,20 +80,42 @@ async def final(store: Store, saga_id: str, seconds: float = 60) -> SagaState:
 
 
 @pytest.fixture
-async def handing(settings: Settings) -> AsyncIterator[Stack]:
+async def here(settings: Settings) -> AsyncIterator[Settings]:
+    """This test's settings with the hand-off, on a database of its own: a coordinator takes
+    up the running sagas it finds in its database (a start sends their requests again), and
+    other tests leave some in the shared one, which would hand over and count more than the
+    test's own sagas."""
+    url = urlsplit(settings.database_url)
+    own = urlunsplit(url._replace(path=f"{url.path}_{settings.namespace.replace('-', '_')}"))
+    await migrate(own)
+    try:
+        yield settings.with_(handoff="in-process", database_url=own)
+    finally:
+        await remove_namespace(settings)
+        await drop_database(own)
+
+
+@pytest.fixture
+async def pool(here: Settings) -> AsyncIterator[asyncpg.Pool]:
+    """The test's own database (``here``)."""
+    opened = await asyncpg.create_pool(here.database_url, min_size=1, max_size=4)
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture
+async def handing(here: Settings) -> AsyncIterator[Stack]:
     """A whole stack in this process with the hand-off."""
-    here = settings.with_(handoff="in-process")
     stack = Stack(here)
     await stack.start()
     try:
         yield stack
     finally:
         await stack.stop()
-        await remove_namespace(here)
 
 
 async def test_a_refund_runs_with_its_requests_and_outcomes_handed_over(
-    handing: Stack, pool: asyncpg.Pool, order_id: str
+    handing: Stack, order_id: str
 ) -> None:
     """Every request and outcome of a refund is handed over in the process (the counter an
     operator reads on /metrics), and the saga completes with each effect once."""
@@ -103,8 +127,9 @@ async def test_a_refund_runs_with_its_requests_and_outcomes_handed_over(
         state = await terminal(handing, await publish_start(bus, order_id))
 
     assert state.status == "completed"
-    assert await effects(pool, order_id) == ONCE_EACH
-    assert sum(map(handed_over, requests + outcomes)) - before == 6  # three of each
+    assert await effects(handing.pool, order_id) == ONCE_EACH  # the stack's own database
+    counts = {q: handed_over(q) for q in requests + outcomes}
+    assert sum(counts.values()) - before == 6, counts  # three of each
 
 
 async def test_an_outcome_not_finished_in_the_process_goes_the_brokers_way(
@@ -135,14 +160,15 @@ async def test_an_outcome_not_finished_in_the_process_goes_the_brokers_way(
 
 
 async def test_outcomes_of_partitions_another_process_holds_go_through_the_broker(
-    settings: Settings, pool: asyncpg.Pool
+    here: Settings, pool: asyncpg.Pool
 ) -> None:
     """Two processes with the hand-off, each holding half the partitions and half the services:
     a request for a service of the other, and an outcome for a partition the other holds, go
     through the broker; the rest is handed over. Every saga completes, each effect once."""
-    here = settings.with_(handoff="in-process", standby_after_s=120.0)
-    first = Stack(here.with_(coordinator_share="0/2"), ["coordinator", "inventory"])
-    second = Stack(here.with_(coordinator_share="1/2"), ["coordinator", "erp", "payments", "email"])
+    standby = here.with_(standby_after_s=120.0)
+    first = Stack(standby.with_(coordinator_share="0/2"), ["coordinator", "inventory"])
+    second = Stack(standby.with_(coordinator_share="1/2"),
+                   ["coordinator", "erp", "payments", "email"])  # fmt: skip
     orders = orders_for(range(here.partitions))
     await first.start()
     await second.start()
@@ -153,14 +179,13 @@ async def test_outcomes_of_partitions_another_process_holds_go_through_the_broke
     finally:
         await first.stop()
         await second.stop()
-        await remove_namespace(here)
 
     assert [s.status for s in states] == ["completed"] * len(orders)
     assert [await effects(pool, o) for o in orders] == [ONCE_EACH] * len(orders)
 
 
 async def test_a_process_killed_with_a_request_handed_over_loses_no_saga(
-    settings: Settings, pool: asyncpg.Pool, tmp_path: Path, order_id: str
+    here: Settings, pool: asyncpg.Pool, tmp_path: Path, order_id: str
 ) -> None:
     """``saga run all`` with the hand-off dies (as by kill -9) right after the inventory was
     called for a request handed over, before its outcome: the request had left the outbox, and
@@ -170,8 +195,8 @@ async def test_a_process_killed_with_a_request_handed_over_loses_no_saga(
     redelivery the adapter counts, so a request that kills its process each time reaches the
     delivery limit instead of killing it for ever (a hand-off counts nothing). Here the second
     process dies on it too, and the third counts its return."""
-    here = settings.with_(handoff="in-process", partition_lease_s=3.0)
-    procs = Processes(here, tmp_path)
+    quick = here.with_(partition_lease_s=3.0)
+    procs = Processes(quick, tmp_path)
     queue = Bus(here).topology.request_queue("inventory")
     try:
         async with Bus(here) as bus:
@@ -187,7 +212,6 @@ async def test_a_process_killed_with_a_request_handed_over_loses_no_saga(
             state = await final(Store(pool), saga)
     finally:
         await procs.stop_all()
-        await remove_namespace(here)
 
     assert state.status == "completed"
     assert await effects(pool, order_id) == ONCE_EACH
@@ -211,14 +235,14 @@ def test_the_handoff_is_refused_in_roles_identity(settings: Settings, tmp_path: 
 
 
 async def test_a_process_stopped_under_load_with_the_hand_off_leaves_every_saga_to_the_next(
-    settings: Settings, pool: asyncpg.Pool, tmp_path: Path
+    here: Settings, pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     """``saga run all`` with the hand-off is stopped (SIGTERM) while sagas are under way: it
     finishes what it has in hand, sends what it had handed over and not started the broker's way
     (``tests/unit/test_handoff.py`` shows how), and a process started after it finishes every
     saga, each effect once."""
-    here = settings.with_(handoff="in-process", partition_lease_s=3.0)
-    procs = Processes(here, tmp_path)
+    quick = here.with_(partition_lease_s=3.0)
+    procs = Processes(quick, tmp_path)
     orders = [f"order-{os.urandom(5).hex()}" for _ in range(40)]
     try:
         first = await procs.start("all")
@@ -234,7 +258,6 @@ async def test_a_process_stopped_under_load_with_the_hand_off_leaves_every_saga_
             states = [await final(store, saga) for saga in sagas]
     finally:
         await procs.stop_all()
-        await remove_namespace(here)
 
     assert [s.status for s in states] == ["completed"] * len(orders)
     assert [await effects(pool, o) for o in orders] == [ONCE_EACH] * len(orders)

@@ -158,3 +158,22 @@ async def test_a_batch_taken_and_waiting_for_company_at_a_stop_goes_the_brokers_
 
 async def batch_handler_never(delivery: AbstractIncomingMessage) -> None:
     raise AssertionError("nothing is started")
+
+
+async def test_one_the_broker_cannot_take_back_is_left_to_its_deadline_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Lost as a classic queue's message is lost with its node: the settle does not fail (the
+    consumer goes on), and the log says what became of it."""
+
+    async def away(exchange: str, routing_key: str, message: Outgoing) -> None:
+        raise ConnectionError("the broker is away")
+
+    h = Handoff(TOPOLOGY, away)
+    taken: list[LocalDelivery] = []
+    h.attach("ns.request.erp", "tag", taken.append)
+    h.take("ns.actions", "request.erp", outgoing(), "guest")
+    await taken[0].reject(requeue=True)
+    assert taken[0].processed
+    assert "m1 (action.request) could not go the broker's way" in caplog.text
+    assert "its step's deadline sends the request again" in caplog.text
