@@ -168,7 +168,7 @@ async def _start_processes(
     groups = [(f"coordinator-{n}", {"SAGA_COORDINATOR_SHARE": f"{n}/{coordinators}"},
                ["coordinator"]) for n in range(coordinators)]  # fmt: skip
     groups.append(("adapters", {}, ["inventory", "erp", "payments", "email"]))
-    if embedded:
+    if embedded:  # or everything in one process, with the in-process hand-off
         groups = [("embedded", {"SAGA_HANDOFF": "in-process"}, ["all"])]
     procs = []
     for name, own, components in groups:

@@ -315,7 +315,7 @@ class _Subscription:
         elif self.mode == "sequential":
             worker = asyncio.create_task(self.one_by_one())
         tags: dict[str, AbstractQueue] = {}
-        takers: list[tuple[str, Taker]] = []
+        takers: list[Taker] = []
         try:
             for name, handler in ((self.queue_name, None), *self.also):
                 queue = await channel.get_queue(name, ensure=False)
@@ -326,7 +326,7 @@ class _Subscription:
                 handoff = self.bus.handoff
                 taker = handoff.attach(name, tag, self.take_here) if handoff else None
                 if taker is not None:
-                    takers.append((name, taker))
+                    takers.append(taker)
             while True:
                 await asyncio.sleep(self.bus.settings.watchdog_s)
                 underlay = await channel.get_underlay_channel()
@@ -344,14 +344,13 @@ class _Subscription:
         channel: AbstractChannel,
         tags: dict[str, AbstractQueue],
         worker: asyncio.Task[None] | None,
-        takers: Sequence[tuple[str, Taker]] = (),
+        takers: Sequence[Taker] = (),
     ) -> None:
         """Stop taking deliveries, let the ones in hand finish (bounded), send the acks held
         back, then close: whatever was prefetched but not started goes back to the queue, in
         order, and what was handed over here but not started goes the broker's way."""
-        for name, taker in takers:
-            if self.bus.handoff is not None:
-                self.bus.handoff.detach(name, taker)
+        for taker in takers:
+            taker.close()
         for tag, queue in tags.items():
             if not channel.is_closed:
                 with contextlib.suppress(Exception):

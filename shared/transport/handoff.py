@@ -45,10 +45,18 @@ class Taker:
     delivery in, and whether it still does (``is_closed``: the deliveries' channel, as a
     delivery's ``channel`` tells whether it can still be settled)."""
 
-    def __init__(self, consumer_tag: str, take: Take) -> None:
+    def __init__(self, queue: str, consumer_tag: str, take: Take, takers: dict[str, Taker]) -> None:
+        self.queue = queue
         self.consumer_tag = consumer_tag
         self.take = take
         self.is_closed = False
+        self._takers = takers
+
+    def close(self) -> None:
+        """Take nothing more (the consumer stops): later publishes go through the broker."""
+        self.is_closed = True
+        if self._takers.get(self.queue) is self:
+            del self._takers[self.queue]
 
 
 class LocalDelivery(IncomingMessage):
@@ -99,17 +107,12 @@ class Handoff:
         self._takers: dict[str, Taker] = {}
 
     def attach(self, queue: str, consumer_tag: str, take: Take) -> Taker | None:
-        """Hand ``queue``'s messages to ``take`` from now on; None: not a queue the hand-off
-        serves (only request and outcome queues are)."""
+        """Hand ``queue``'s messages to ``take`` until the taker is closed; None: not a queue
+        the hand-off serves (only request and outcome queues are)."""
         if not self.topology.is_transient_queue(queue):
             return None
-        taker = self._takers[queue] = Taker(consumer_tag, take)
+        taker = self._takers[queue] = Taker(queue, consumer_tag, take, self._takers)
         return taker
-
-    def detach(self, queue: str, taker: Taker) -> None:
-        taker.is_closed = True
-        if self._takers.get(queue) is taker:
-            del self._takers[queue]
 
     def queue_of(self, exchange: str, routing_key: str) -> str | None:
         """The transient queue a publish to ``exchange`` with ``routing_key`` reaches, if any."""

@@ -53,7 +53,7 @@ async def publish_in_hand(
     while pending:
         try:
             errors = await bus.publish_many(
-                [items[i] for i in pending], local=[i < len(local) and local[i] for i in pending]
+                [items[i] for i in pending], local=[local[i] for i in pending] if local else ()
             )
         except Exception as exc:  # the channel could not even be opened
             errors = [exc] * len(pending)

@@ -66,7 +66,7 @@ def test_a_publish_is_handed_over_while_its_queue_is_taken_here_and_not_after() 
     assert delivery.consumer_tag == "ctag-7" and not delivery.redelivered
     assert delivery.headers == {"x-order-id": "o1"}
     assert not delivery.channel.is_closed
-    h.detach("ns.request.erp", taker)
+    taker.close()
     with pytest.raises(ChannelInvalidStateError):  # as a broker's delivery on a closed channel
         delivery.channel  # noqa: B018 (its consumer stopped: it can no longer be settled here)
     assert not h.take("ns.actions", "request.erp", outgoing(), "guest")
