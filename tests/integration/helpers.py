@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
 import sys
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 from pydantic import JsonValue
@@ -19,10 +21,24 @@ from saga_app.stack import Stack
 from saga_coordinator.register import SagaState
 from saga_shared.config import Settings
 from saga_shared.model.messages import StartSaga
+from saga_shared.storage.migrations import drop_database, migrate
 from saga_shared.transport.bus import Bus
 from saga_shared.transport.topology import partition_of
 
 T = TypeVar("T")
+
+
+@contextlib.asynccontextmanager
+async def own_database(server_url: str, prefix: str) -> AsyncIterator[str]:
+    """A new database on ``server_url``'s server, migrated, dropped afterwards: its URL."""
+    parts = urlsplit(server_url)
+    url = urlunsplit(parts._replace(path=f"/{prefix}_{uuid.uuid4().hex[:8]}"))
+    await migrate(url)
+    try:
+        yield url
+    finally:
+        await drop_database(url)
+
 
 REFUND: dict[str, JsonValue] = {
     "sku": "SKU-1",

@@ -12,7 +12,6 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -25,12 +24,12 @@ from saga_coordinator.store import Store
 from saga_shared.config import Settings
 from saga_shared.crashpoints import CRASH_EXIT
 from saga_shared.errors import RetryLater
-from saga_shared.storage.migrations import drop_database, migrate
 from saga_shared.transport.bus import Bus
 from saga_shared.transport.handoff import is_local
 from tests.integration.helpers import (
     Processes,
     eventually,
+    own_database,
     publish_start,
     remove_namespace,
     saga_env,
@@ -85,14 +84,11 @@ async def here(settings: Settings) -> AsyncIterator[Settings]:
     up the running sagas it finds in its database (a start sends their requests again), and
     other tests leave some in the shared one, which would hand over and count more than the
     test's own sagas."""
-    url = urlsplit(settings.database_url)
-    own = urlunsplit(url._replace(path=f"{url.path}_{settings.namespace.replace('-', '_')}"))
-    await migrate(own)
-    try:
-        yield settings.with_(handoff="in-process", database_url=own)
-    finally:
-        await remove_namespace(settings)
-        await drop_database(own)
+    async with own_database(settings.database_url, "saga_handoff") as own:
+        try:
+            yield settings.with_(handoff="in-process", database_url=own)
+        finally:
+            await remove_namespace(settings)
 
 
 @pytest.fixture

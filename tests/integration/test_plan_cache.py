@@ -6,8 +6,6 @@ when it was made."""
 from __future__ import annotations
 
 import re
-import uuid
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
@@ -15,8 +13,8 @@ import pytest
 from saga_app.stack import Stack
 from saga_coordinator.store import Q
 from saga_shared.config import Settings
-from saga_shared.storage.migrations import drop_database, migrate
 from saga_shared.storage.sql import create_pool
+from tests.integration.helpers import own_database
 
 
 async def test_the_stack_sessions_use_generic_plans(stack: Stack) -> None:
@@ -61,20 +59,17 @@ async def test_generic_writes_find_orders_and_sagas_by_their_key(
     analyzed anything, the write statements still update each order and saga through its
     primary key. Joined on a batch's arrays alone, they were planned as hash joins over a scan
     of both tables, and kept that plan as the tables grew: 0.8 ms a statement at 3,300 sagas."""
-    parts = urlsplit(settings.database_url)
-    url = urlunsplit(parts._replace(path=f"/saga_plan_{uuid.uuid4().hex[:8]}"))
-    await migrate(url)
-    conn = await asyncpg.connect(url)
-    try:
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
-        query = getattr(Q, name)
-        arguments = len((await conn.prepare(query)).get_parameters())
-        await conn.execute(f"PREPARE plan AS {query}")
-        nulls = ", ".join(["NULL"] * arguments)
-        plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE plan({nulls})"))
-        assert "Seq Scan on sagas" not in plan, plan
-        assert "Seq Scan on orders" not in plan, plan
-        assert re.search(r"Index Scan (using|on) orders_pkey", plan), plan
-    finally:
-        await conn.close()
-        await drop_database(url)
+    async with own_database(settings.database_url, "saga_plan") as url:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
+            query = getattr(Q, name)
+            arguments = len((await conn.prepare(query)).get_parameters())
+            await conn.execute(f"PREPARE plan AS {query}")
+            nulls = ", ".join(["NULL"] * arguments)
+            plan = "\n".join(r[0] for r in await conn.fetch(f"EXPLAIN EXECUTE plan({nulls})"))
+        finally:
+            await conn.close()
+    assert "Seq Scan on sagas" not in plan, plan
+    assert "Seq Scan on orders" not in plan, plan
+    assert re.search(r"Index Scan (using|on) orders_pkey", plan), plan
