@@ -6,9 +6,11 @@ renews the lease, and refuses what must not run (a key fenced by a settle, one a
 process holds, one whose attempts are spent). The lease is checked again, locally, right before
 the call: a process frozen between its claim and its call does not call once its lease is over,
 since a settle may have fenced the key meanwhile. After the call the outcome is stored (one
-statement for a batch), or the claim given up (``released``) when the call may have landed
-without an answer, so that a settle sees it expired. A compensation first settles its forward
-key (fencing it when nobody claimed it), which tells which way a forward call in doubt went.
+statement for a batch), unless the system stored it itself in the key's row with its effect
+(an atomic service's done call), or the claim given up (``released``) when the call may have
+landed without an answer, so that a settle sees it expired. A compensation first settles its
+forward key (fencing it when nobody claimed it), which tells which way a forward call in doubt
+went.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from saga_services import settling
 from saga_services.errors import Permanent, Transient
 from saga_services.keys import Claiming, Finished, KeyStore, Ticket
 from saga_services.outcome import Done, Running, Verdict
-from saga_services.sdk import KeyQuery, Service, batch_scope
+from saga_services.sdk import KeyQuery, Service, batch_scope, recording
 from saga_shared.model.catalog import Catalog
 from saga_shared.model.messages import ActionRequest, SettleVerdict
 
@@ -115,15 +117,13 @@ class Calls:
                 calls.append((i, req, ticket, started))
             else:
                 results[i] = await self._refused(req, ticket)
-        for (i, _, ticket, _), verdict in zip(calls, await self._together(calls, deps),
-                                              strict=True):  # fmt: skip
-            results[i] = verdict if isinstance(verdict, Exception) else Outcome(
-                verdict.verdict, ticket.attempt, verdict.forward)  # fmt: skip
+        for (i, _, _, _), verdict in zip(calls, await self._together(calls, deps), strict=True):
+            results[i] = verdict  # an Outcome at its ticket's attempt, or the exception
         await self.keys.finish(self.owner, [
             _finished(req.idempotency_key, out.verdict) if isinstance(out, Outcome)
             else Finished(req.idempotency_key, "returned", landed=True)
             for req, out in zip(reqs, results, strict=True)
-            if (isinstance(out, Outcome) and out.called)
+            if (isinstance(out, Outcome) and out.called and not out.recorded)
             or (out is not None and not isinstance(out, Outcome | Transient))
         ])  # fmt: skip
         return [r if r is not None else RuntimeError("no verdict") for r in results]
@@ -151,8 +151,10 @@ class Calls:
             self._check_lease(ticket, claimed_at)
             if self.before is not None:
                 await self.before(req)
-            result = await self.service.call(req, deps, attempt=ticket.attempt)
-            return Outcome(Done(result), ticket.attempt, forward)
+            with recording() as recorded:
+                result = await self.service.call(req, deps, attempt=ticket.attempt)
+            return Outcome(Done(result), ticket.attempt, forward,
+                           recorded=recorded[0] and self.keys.atomic)  # fmt: skip
         except Permanent as exc:
             return Outcome(exc, ticket.attempt)
         except Exception as exc:  # Transient, or a broken function: the caller retries alone
@@ -185,7 +187,7 @@ class Calls:
             outcome = Outcome(Transient(str(exc), may_have_landed=landed), tries)
         except Permanent as exc:
             outcome = Outcome(exc, tries)
-        if outcome.called:
+        if outcome.called and not outcome.recorded:
             await self.keys.finish(self.owner, [_finished(req.idempotency_key, outcome.verdict)])
         # The key record's count, or this process's when a claim never came through.
         outcome.attempt = max(outcome.attempt, tries)
@@ -206,7 +208,8 @@ class Calls:
                     self._check_lease(ticket, claimed_at)
                     if self.before is not None:
                         await self.before(req)
-                    result = await self.service.call(req, deps, attempt=ticket.attempt)
+                    with recording() as recorded:
+                        result = await self.service.call(req, deps, attempt=ticket.attempt)
                 except Permanent as exc:
                     return Outcome(exc, ticket.attempt)
                 except (Transient, TimeoutError):
@@ -220,7 +223,8 @@ class Calls:
         except TimeoutError:
             # The call may still land (a slow commit): that is what effect_unknown reports.
             raise Transient(f"{req.action} gave no answer within {req.timeout_s:g}s") from None
-        return Outcome(Done(result), ticket.attempt, forward)
+        return Outcome(Done(result), ticket.attempt, forward,
+                       recorded=recorded[0] and self.keys.atomic)  # fmt: skip
 
     async def _refused(self, req: ActionRequest, ticket: Ticket) -> Outcome:
         """What a claim that refused a call comes to, reported without calling. A report that
@@ -291,15 +295,17 @@ class Calls:
 
 class Outcome:
     """A request's verdict, the attempt it came at, for a compensation what its forward key
-    held, and whether a call was made (a refused claim stores nothing)."""
+    held, whether a call was made (a refused claim stores nothing), and whether its system
+    stored it in the key's row already (``recorded``: an atomic service's done call)."""
 
-    __slots__ = ("attempt", "called", "forward", "verdict")
+    __slots__ = ("attempt", "called", "forward", "recorded", "verdict")
 
     def __init__(
         self, verdict: Verdict | Running, attempt: int, forward: SettleVerdict | None = None, *,
-        called: bool = True,
+        called: bool = True, recorded: bool = False,
     ) -> None:  # fmt: skip
         self.verdict, self.attempt, self.forward, self.called = verdict, attempt, forward, called
+        self.recorded = recorded
 
 
 def _refusal(ticket: Ticket, atomic: bool) -> Verdict | Running:

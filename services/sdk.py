@@ -23,7 +23,7 @@ import contextlib
 import inspect
 import types
 import typing
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -330,6 +330,31 @@ class _Batch:
         task = asyncio.ensure_future(coalescer.settle(queue))
         self.tasks[task] = None
         task.add_done_callback(lambda done: self.tasks.pop(done, None))
+
+
+# Whether the outcome of the call in hand is in its key's row already, final: set by a system
+# that writes it there in the statement of its effect (an atomic service's, ``sim_call``).
+_RECORDED: ContextVar[list[bool] | None] = ContextVar("saga_recorded", default=None)
+
+
+def mark_recorded() -> None:
+    """From the call of an atomic service's function: its system has stored this call's outcome
+    as final in the key's row, in the same transaction as the effect, so the SDK has nothing
+    left to store for it (one statement fewer a call). Anything else is stored by the SDK."""
+    cell = _RECORDED.get()
+    if cell is not None:
+        cell[0] = True
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[bool]]:
+    """Around one call: ``[True]`` afterwards if its system said ``mark_recorded``."""
+    cell = [False]
+    token = _RECORDED.set(cell)
+    try:
+        yield cell
+    finally:
+        _RECORDED.reset(token)
 
 
 _SCOPE: ContextVar[_Batch | None] = ContextVar("saga_batch", default=None)

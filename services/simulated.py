@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg
 
 from saga_services.errors import Permanent, Transient
-from saga_services.sdk import Call, Coalescer, Resources, Result, Service
+from saga_services.sdk import Call, Coalescer, Resources, Result, Service, mark_recorded
 from saga_services.store import Conn, Q, from_json, to_json
 from saga_shared.model.ids import random_id
 
@@ -59,7 +59,9 @@ class Simulated:
         """Write ``values`` under the call's key, once: the result stored for that key (this
         call's, or an earlier one's). Raises ``Permanent`` for a stored refusal or an injected
         permanent fault, ``Transient`` for an injected transient one."""
-        return await self._submit(_Write(call.key, call.action, call.order_id, values, None))
+        result = await self._submit(_Write(call.key, call.action, call.order_id, values, None))
+        mark_recorded()  # sim_call stored it as done in the key's row, with the effect
+        return result
 
     async def refuse(self, call: Call[Any, Any], reason: str) -> Result:
         """Store a refusal under the call's key (unless the key already has an outcome, which
