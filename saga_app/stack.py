@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Collection, Coroutine, Iterable
 from types import TracebackType
 from typing import Any, cast
 
@@ -177,10 +177,11 @@ class Stack:
         log.info("started %s", ", ".join(self.components))
 
     def _beats(
-        self, pool: asyncpg.Pool, kind: Kind, name: str, queues: list[str]
-    ) -> Coroutine[Any, Any, None]:
+        self, pool: asyncpg.Pool, kind: Kind, name: str, queues: list[str],
+        holding: Callable[[], Collection[int]] | None = None,
+    ) -> Coroutine[Any, Any, None]:  # fmt: skip
         presence = Presence(pool, self.settings.namespace, kind, name, queues, version(),
-                            self.settings.heartbeat_s)  # fmt: skip
+                            self.settings.heartbeat_s, holding)  # fmt: skip
         return presence.run()
 
     async def _payments_api(self) -> Coroutine[Any, Any, None]:
@@ -211,7 +212,7 @@ class Stack:
         store = Store(
             pool, db_retry_s=self.settings.db_retry_s, guarded=self.settings.guarded_apply
         )
-        self.coordinator = Coordinator(self.settings, self.catalog, bus, store)
+        self.coordinator = coordinator = Coordinator(self.settings, self.catalog, bus, store)
         desk = DeadLetterDesk(store, self.coordinator.processor)
         url = database_url_for(self.settings, "coordinator")
         self._relay = Relay(self.settings, pool, bus, url, recover=self.coordinator.watch.recover)
@@ -221,6 +222,8 @@ class Stack:
             topology.dead_letter_queue,
             *(topology.partition_queue(i) for i in range(topology.partitions)),
         ]
+        beats = self._beats(pool, "coordinator", "coordinator", coordinator_queues,
+                            lambda: coordinator.ownership.held)  # fmt: skip
         return [
             ("intake", Intake(self.settings, self.catalog, bus, store, desk).run()),
             ("coordinator", self.coordinator.run()),
@@ -241,7 +244,7 @@ class Stack:
                     self.settings.heartbeat_s,
                 ),
             ),
-            ("heartbeat", self._beats(pool, "coordinator", "coordinator", coordinator_queues)),
+            ("heartbeat", beats),
         ]
 
     @staticmethod

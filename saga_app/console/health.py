@@ -31,7 +31,7 @@ class Process:
     quiet_s: float  # since its last beat
     per_s: dict[str, float]  # deliveries a second per queue, between its last two beats
     received: dict[str, int]  # deliveries per queue since it started
-    partitions: tuple[int, ...]  # a coordinator's partitions that delivered to it lately
+    partitions: tuple[int, ...]  # a coordinator's: those it held the locks of at its last beat
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def _counts(value: Any) -> dict[str, int]:
     return {str(k): int(v) for k, v in raw.items() if isinstance(v, int)}
 
 
-def process_of(row: dict[str, Any], topology: Topology, silent_after_s: float) -> Process:
+def process_of(row: dict[str, Any], silent_after_s: float) -> Process:
     quiet_s = float(row["quiet_s"])
     state: State = (
         "stopped" if row["stopped_at"] else "alive" if quiet_s <= silent_after_s else "silent"
@@ -69,9 +69,7 @@ def process_of(row: dict[str, Any], topology: Topology, silent_after_s: float) -
     span = (row["beat_at"] - row["before_at"]).total_seconds() if row["before_at"] else 0.0
     per_s = {q: (n - before.get(q, 0)) / span for q, n in now.items() if span > 0}
     per_s = {q: r for q, r in per_s.items() if r >= 0}  # a restarted count is no rate
-    lately = [q for q, n in now.items() if n > before.get(q, 0)]
-    kinds = [topology.kind_of(q) for q in lately]
-    partitions = tuple(sorted(i for kind, i in kinds if kind == "partition" and isinstance(i, int)))
+    partitions = tuple(sorted(row.get("partitions") or ()))
     return Process(
         row["id"], row["kind"], row["name"], row["host"], row["pid"], row["version"],
         row["started_at"], row["beat_at"], state, quiet_s,
@@ -85,7 +83,7 @@ def health(
     topology: Topology,
     silent_after_s: float,
 ) -> Health:
-    processes = tuple(process_of(r, topology, silent_after_s) for r in rows)
+    processes = tuple(process_of(r, silent_after_s) for r in rows)
     queues = []
     for name in topology.all_queues():
         depth = depths.get(name)

@@ -43,7 +43,8 @@ LIMIT $1;
 -- Every coordinator and adapter of this namespace that beat lately (saga_shared.storage.presence),
 -- with the seconds since its last beat by the database's clock (the one that stamped it).
 SELECT id, kind, name, host, pid, version, started_at, beat_at, stopped_at, queues::text AS queues,
-       before::text AS before, before_at, extract(epoch FROM now() - beat_at) AS quiet_s
+       before::text AS before, before_at, extract(epoch FROM now() - beat_at) AS quiet_s,
+       partitions
 FROM processes WHERE namespace = $1
 ORDER BY kind, name, started_at;
 

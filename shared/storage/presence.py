@@ -1,8 +1,8 @@
 """Each running coordinator and adapter says it is alive: a row of ``processes`` it writes
-every ``SAGA_HEARTBEAT_S``, with what its consumers received per queue. A process that stops
-says so; one that was killed, froze, or lost the database stops writing, and readers (the
-console's Health page, the coordinator's ``saga_processes`` gauge) see it go silent: nobody
-has to guess whether it is still there."""
+every ``SAGA_HEARTBEAT_S``, with what its consumers received per queue (and a coordinator, the
+partitions it holds the locks of). A process that stops says so; one that was killed, froze,
+or lost the database stops writing, and readers (the console's Health page, the coordinator's
+``saga_processes`` gauge) see it go silent: nobody has to guess whether it is still there."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -37,6 +37,8 @@ class Presence:
     queues: Sequence[str]
     version: str
     every_s: float = 5.0
+    # A coordinator's: the partitions it holds the locks of now (None for an adapter).
+    holding: Callable[[], Collection[int]] | None = None
     host: str = field(default_factory=lambda: socket.gethostname()[:64])
     pid: int = field(default_factory=os.getpid)
     id: str = ""
@@ -59,8 +61,9 @@ class Presence:
 
     async def beat(self) -> None:
         counts = json.dumps(FLOW.counts(self.queues))
+        held = None if self.holding is None else sorted(self.holding())
         await self._say(Q.beat, self.id, self.namespace, self.kind, self.name, self.host,
-                        self.pid, self.version, counts)  # fmt: skip
+                        self.pid, self.version, counts, held)  # fmt: skip
 
     async def _say(self, query: str, *args: object) -> None:
         try:

@@ -78,6 +78,11 @@ async def test_the_health_page_shows_who_is_alive_and_flags_a_frozen_adapter(
             for name in ("coordinator", "inventory", "erp", "payments"):
                 alive = page.locator("#processes tr[data-state=alive]", has_text=f" {name}")
                 await expect(alive).to_have_count(1)
+            # The one coordinator holds every partition's lock, whether it delivered lately or
+            # not (nothing has since the saga ended)
+            coordinator = page.locator("#processes tr[data-state=alive]", has_text=" coordinator")
+            every = " ".join(str(i) for i in range(settings.partitions))
+            await expect(coordinator.locator("td").nth(6)).to_have_text(every)
             await expect(page.locator(f"#queues tr[data-queue='{queue}'] td").nth(3)).to_have_text(
                 "1"
             )

@@ -25,29 +25,31 @@ def row(**changes: Any) -> dict[str, Any]:
         "pid": 1, "version": "0.2.0", "started_at": T0, "beat_at": T0 + timedelta(seconds=10),
         "stopped_at": None, "queues": '{"n.partition.1": 30, "n.partition.2": 5}',
         "before": '{"n.partition.1": 10, "n.partition.2": 5}',
-        "before_at": T0 + timedelta(seconds=5), "quiet_s": 1.0,
+        "before_at": T0 + timedelta(seconds=5), "quiet_s": 1.0, "partitions": [3, 0],
     }  # fmt: skip
     return base | changes
 
 
-def test_a_process_beating_in_time_is_alive_with_its_rates_and_partitions() -> None:
-    p = process_of(row(), TOPOLOGY, silent_after_s=15)
+def test_a_process_beating_in_time_is_alive_with_its_rates_and_the_partitions_it_holds() -> None:
+    p = process_of(row(), silent_after_s=15)
     assert p.state == "alive"
     assert p.per_s == {"n.partition.1": 4.0, "n.partition.2": 0.0}
-    assert p.partitions == (1,)  # only partition 1 delivered since the beat before
+    # What it holds the locks of, idle or not: not what delivered to it since the last beat
+    assert p.partitions == (0, 3)
+    assert process_of(row(kind="adapter", partitions=None), 15).partitions == ()
 
 
 def test_one_quiet_for_longer_than_three_beats_is_silent_and_has_no_rate() -> None:
-    p = process_of(row(quiet_s=15.5), TOPOLOGY, silent_after_s=15)
+    p = process_of(row(quiet_s=15.5), silent_after_s=15)
     assert (p.state, p.per_s) == ("silent", {})
-    stopped = process_of(row(quiet_s=999, stopped_at=T0), TOPOLOGY, silent_after_s=15)
+    stopped = process_of(row(quiet_s=999, stopped_at=T0), silent_after_s=15)
     assert stopped.state == "stopped"
 
 
 def test_a_count_that_went_down_is_no_rate_and_a_first_beat_has_none() -> None:
-    restarted = process_of(row(before='{"n.partition.1": 50}'), TOPOLOGY, 15)
+    restarted = process_of(row(before='{"n.partition.1": 50}'), 15)
     assert "n.partition.1" not in restarted.per_s
-    first = process_of(row(before="{}", before_at=None), TOPOLOGY, 15)
+    first = process_of(row(before="{}", before_at=None), 15)
     assert first.per_s == {}
 
 
