@@ -69,7 +69,9 @@ def process_of(row: dict[str, Any], silent_after_s: float) -> Process:
     span = (row["beat_at"] - row["before_at"]).total_seconds() if row["before_at"] else 0.0
     per_s = {q: (n - before.get(q, 0)) / span for q, n in now.items() if span > 0}
     per_s = {q: r for q, r in per_s.items() if r >= 0}  # a restarted count is no rate
-    partitions = tuple(sorted(row.get("partitions") or ()))
+    # A stopped process's lock session ended with it; a silent one's may still hold its locks
+    # (frozen) until the lease passes them on, and the row says so by its state.
+    partitions = () if state == "stopped" else tuple(sorted(row.get("partitions") or ()))
     return Process(
         row["id"], row["kind"], row["name"], row["host"], row["pid"], row["version"],
         row["started_at"], row["beat_at"], state, quiet_s,

@@ -42,8 +42,9 @@ def test_a_process_beating_in_time_is_alive_with_its_rates_and_the_partitions_it
 def test_one_quiet_for_longer_than_three_beats_is_silent_and_has_no_rate() -> None:
     p = process_of(row(quiet_s=15.5), silent_after_s=15)
     assert (p.state, p.per_s) == ("silent", {})
+    assert p.partitions == (0, 3)  # what it held when it went quiet (a frozen one still may)
     stopped = process_of(row(quiet_s=999, stopped_at=T0), silent_after_s=15)
-    assert stopped.state == "stopped"
+    assert (stopped.state, stopped.partitions) == ("stopped", ())  # its locks went with it
 
 
 def test_a_count_that_went_down_is_no_rate_and_a_first_beat_has_none() -> None:
