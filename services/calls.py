@@ -28,7 +28,7 @@ from saga_services import settling
 from saga_services.errors import Permanent, Transient
 from saga_services.keys import Claiming, Finished, KeyStore, Ticket
 from saga_services.outcome import Done, Running, Verdict
-from saga_services.sdk import KeyQuery, Service, batch_scope, recording
+from saga_services.sdk import KeyQuery, Result, Service, batch_scope, recording
 from saga_shared.model.catalog import Catalog
 from saga_shared.model.messages import ActionRequest, SettleVerdict
 
@@ -153,8 +153,7 @@ class Calls:
                 await self.before(req)
             with recording() as recorded:
                 result = await self.service.call(req, deps, attempt=ticket.attempt)
-            return Outcome(Done(result), ticket.attempt, forward,
-                           recorded=recorded[0] and self.keys.atomic)  # fmt: skip
+            return self._done(result, ticket, forward, recorded[0])
         except Permanent as exc:
             return Outcome(exc, ticket.attempt)
         except Exception as exc:  # Transient, or a broken function: the caller retries alone
@@ -223,8 +222,15 @@ class Calls:
         except TimeoutError:
             # The call may still land (a slow commit): that is what effect_unknown reports.
             raise Transient(f"{req.action} gave no answer within {req.timeout_s:g}s") from None
+        return self._done(result, ticket, forward, recorded[0])
+
+    def _done(
+        self, result: Result, ticket: Ticket, forward: SettleVerdict | None, recorded: bool
+    ) -> Outcome:
+        """A call that answered; ``recorded``: its system said it stored the outcome in the
+        key's row, which counts only where that row is the SDK's own (an atomic record)."""
         return Outcome(Done(result), ticket.attempt, forward,
-                       recorded=recorded[0] and self.keys.atomic)  # fmt: skip
+                       recorded=recorded and self.keys.atomic)  # fmt: skip
 
     async def _refused(self, req: ActionRequest, ticket: Ticket) -> Outcome:
         """What a claim that refused a call comes to, reported without calling. A report that

@@ -344,7 +344,7 @@ class _Subscription:
         channel: AbstractChannel,
         tags: dict[str, AbstractQueue],
         worker: asyncio.Task[None] | None,
-        takers: Sequence[Taker] = (),
+        takers: Sequence[Taker],
     ) -> None:
         """Stop taking deliveries, let the ones in hand finish (bounded), send the acks held
         back, then close: whatever was prefetched but not started goes back to the queue, in
