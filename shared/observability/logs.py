@@ -117,10 +117,21 @@ class BrokerLines(logging.Filter):
     retry: aio-pika's "Reconnecting after", with the last connection error aiormq reported
     folded into it (the error's own line dropped; with several connections to one broker, it is
     the same error). A channel or connection the libraries recover logs its message
-    and error on one line, the traceback only at DEBUG. While the process waits for the broker
-    at its start (``waiting``), its own line says so and theirs are dropped."""
+    and error on one line, the traceback only at DEBUG. A connection the broker dropped is a
+    warning, not an error, and said once, not once per channel (a coordinator logged twelve
+    errors for one drop it recovered from at once); ``Bus`` says when it is connected again.
+    While the process waits for the broker at its start (``waiting``), its own line says so and
+    theirs are dropped."""
 
     LIBRARIES = ("aiormq.", "aio_pika.")
+    # Said again for each channel of a dropped connection, or twice for one drop (the
+    # connection's own line says it, and the channels come back with the connection): dropped.
+    ECHOES = (
+        ("aio_pika.tools", "RobustChannel._on_close"),
+        ("aiormq.connection", "Cancelling cause reader exited abnormally"),
+    )
+    # An error the libraries recover from on their own (the robust connection reconnects).
+    RECOVERED = (("aiormq.connection", "Unexpected connection close from remote"),)
 
     def __init__(self) -> None:
         super().__init__()
@@ -133,6 +144,10 @@ class BrokerLines(logging.Filter):
         if self.waiting:
             return False
         said = record.getMessage()
+        if any(record.name == name and part in said for name, part in self.ECHOES):
+            return False
+        if any(record.name == name and part in said for name, part in self.RECOVERED):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
         if said.startswith("error when creating transport: "):
             self._error = said.removeprefix("error when creating transport: ")
             return False

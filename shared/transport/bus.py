@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -19,7 +21,7 @@ from aio_pika.abc import (
 
 from saga_shared.addresses import with_default_query
 from saga_shared.amqp_internals import batch, frames, incoming, wire
-from saga_shared.config import Settings
+from saga_shared.config import Settings, masked
 from saga_shared.model.messages import Envelope, Outbound
 from saga_shared.security.identity import amqp_url_for, user_of_url
 from saga_shared.transport.cluster_connection import connect_cluster
@@ -89,10 +91,13 @@ class Bus:
         frames.install(self.settings.coalesce_frames)
         wire.install(self.settings.fast_frames)
         incoming.install(self.settings.fast_frames)
-        name = f"saga {self.user or ''}".strip()
+        # Which process holds the connection, as the broker's connection list shows it.
+        where = f"{socket.gethostname()}:{os.getpid()}"
+        name = " ".join(part for part in ("saga", self.user, where) if part)
         self._connection = await connect_cluster(
             self._connect_url, client_properties={"connection_name": name}
         )
+        self._connection.reconnect_callbacks.add(_connected_again)
         self._publisher = await self._connection.channel(
             publisher_confirms=True, on_return_raises=True
         )
@@ -252,10 +257,7 @@ class Bus:
                     timeout=self.settings.publish_timeout_s,
                 )  # fmt: skip
             except aiormq.exceptions.DeliveryError as exc:
-                if refused_for_now(exc):  # a nacking channel keeps nacking: use a new one
-                    channel, self._apart = self._apart, None
-                    with contextlib.suppress(Exception):
-                        await channel.close()
+                await self._after_refusal(self._apart, [exc])
                 raise
 
     async def _after_refusal(
@@ -266,12 +268,17 @@ class Bus:
         while, even once the queue is back (seen in tests/integration/test_cluster.py; a
         new channel publishes at once): so the next publish goes on a new channel."""
         nacked = any(e is not None and refused_for_now(e) for e in errors)
-        if not nacked or channel is None or channel is not self._publisher:
-            return  # not a nack, or another publish replaced the channel already
-        log.warning("the broker nacked a publish: publishing on a new channel")
-        self._publisher = await self.connection.channel(
-            publisher_confirms=True, on_return_raises=True
-        )
+        if not nacked or channel is None:
+            return
+        if channel is self._publisher:
+            log.warning("the broker nacked a publish: publishing on a new channel")
+            self._publisher = await self.connection.channel(
+                publisher_confirms=True, on_return_raises=True
+            )
+        elif channel is self._apart:
+            self._apart = None  # the next publish apart opens a new one
+        else:
+            return  # another publish replaced the channel already
         with contextlib.suppress(Exception):
             await channel.close()
 
@@ -391,6 +398,12 @@ async def _close_quietly(channel: AbstractChannel) -> None:
     if not channel.is_closed:
         with contextlib.suppress(Exception):
             await channel.close()
+
+
+def _connected_again(connection: AbstractRobustConnection | None) -> None:
+    # aio-pika says when a connection drops, not when it is back: the end of an outage. The URL
+    # is the node reached (on a cluster, maybe another than before).
+    log.info("connected to the broker again (%s)", masked(str(getattr(connection, "url", ""))))
 
 
 def _is_a_publisher(bus: Bus) -> Publisher:

@@ -9,12 +9,13 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from saga_shared.observability import metrics
 from saga_shared.observability.flow import FLOW
@@ -122,13 +123,13 @@ async def consume(
     # The series exists from the start, at 0: increase() then sees the first restart too.
     metrics.CONSUMER_RESTARTS.labels(queue_name)
     # A lost connection or channel surfaces in many types: every one means subscribe again.
+    backoff = Backoff()
     resubscribing = AsyncRetrying(
-        retry=retry_if_exception_type(Exception),
-        wait=wait_exponential(multiplier=0.2, max=5.0),
-        before_sleep=lost,
+        retry=retry_if_exception_type(Exception), wait=backoff, before_sleep=lost
     )
     async for attempt in resubscribing:
         with attempt:
+            backoff.subscribing()
             if attempt.retry_state.attempt_number > 1:
                 with contextlib.suppress(Exception):  # the broker may still be away
                     await bus.declare(requests=False)  # those are the coordinator's to find
@@ -138,6 +139,30 @@ async def consume(
             )  # fmt: skip
             await subscription.run(together, max_batch, depth)
             raise ConsumerLost(f"the consumer of {queue_name} stopped")
+
+
+class Backoff:
+    """How long to wait before subscribing again: 0.2 s, doubling up to 5 s while subscribing
+    keeps failing (the broker away, the queue not declared again yet), and 0.2 s again after a
+    subscription that ran for ``ran_s``. tenacity's own exponential wait counts every attempt
+    of the consumer's life: a process that had lost its consumer five times waited 5 s after
+    every later loss."""
+
+    def __init__(self, ran_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ran_s = ran_s
+        self.clock = clock
+        self._since = clock()
+        self._failed = 0  # subscriptions in a row that did not run for ``ran_s``
+
+    def subscribing(self) -> None:
+        self._since = self.clock()
+
+    def __call__(self, _: RetryCallState) -> float:
+        if self.clock() - self._since >= self.ran_s:
+            self._failed = 0
+        wait = min(0.2 * 2.0 ** min(self._failed, 5), 5.0)  # no overflow after hours away
+        self._failed += 1
+        return wait
 
 
 class _Subscription:
@@ -327,8 +352,17 @@ class _Subscription:
                 taker = handoff.attach(name, tag, self.take_here) if handoff else None
                 if taker is not None:
                     takers.append(taker)
+            # The broker's cancel (its queue deleted, its node gone) wakes the watchdog at once;
+            # the look every ``watchdog_s`` stays for what says nothing (a closed channel).
+            cancelled = asyncio.Event()
+            underlay = await channel.get_underlay_channel()
+            on_cancel = getattr(underlay, "on_consumer_cancel_callbacks", None)
+            if on_cancel is not None:
+                on_cancel.add(lambda _frame: cancelled.set())
             while True:
-                await asyncio.sleep(self.bus.settings.watchdog_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(cancelled.wait(), self.bus.settings.watchdog_s)
+                cancelled.clear()
                 underlay = await channel.get_underlay_channel()
                 consumers = getattr(underlay, "consumers", None)
                 for tag, queue in tags.items():

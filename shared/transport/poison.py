@@ -89,7 +89,10 @@ class Poison:
         self.publish = publish
         self.dead_letters = dead_letters
         self.sender = sender
-        self._over: dict[int, int] = {}  # id(message) -> its count, for the burial's reason
+        # id(message) -> the message and its count, for the burial's reason. The message is
+        # held so its id stays its own: an entry left by a burial that never came (a stop)
+        # cannot name another message's count.
+        self._over: dict[int, tuple[AbstractIncomingMessage, int]] = {}
 
     async def over_limit(
         self, messages: Sequence[AbstractIncomingMessage]
@@ -104,7 +107,7 @@ class Poison:
             # (it dead-letters once a return makes the count exceed the limit).
             handled = counts.get(id(message), 1) - 1
             if handled > self.limit:
-                self._over[id(message)] = handled
+                self._over[id(message)] = (message, handled)
                 out.append(DeliveryLimitReached(handled, self.limit))
             else:
                 out.append(None)
@@ -137,7 +140,7 @@ class Poison:
 
     async def bury(self, message: AbstractIncomingMessage) -> None:
         """Publish ``message`` to the dead letters with a confirm (its ack follows)."""
-        count = self._over.pop(id(message), None)
+        _, count = self._over.pop(id(message), (message, None))
         dead = {
             "reason": "delivery_limit" if count is not None else "rejected",
             "queue": self.queue,

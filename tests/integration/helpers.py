@@ -179,9 +179,10 @@ class Processes:
         self.running: list[asyncio.subprocess.Process] = []
 
     async def start(
-        self, component: str, crash_at: str | None = None
+        self, component: str, crash_at: str | None = None, **more: str
     ) -> asyncio.subprocess.Process:
-        env = saga_env(self.settings)
+        """``more``: environment variables of this process only (``SAGA_LOG_LEVEL="INFO"``)."""
+        env = {**saga_env(self.settings), **more}
         if crash_at is not None:
             env["SAGA_CRASH_POINT"] = crash_at
         log = (self.logs / f"{component}-{len(self.running)}.log").open("wb")

@@ -55,6 +55,28 @@ def test_a_recovered_channels_traceback_is_one_line_and_waiting_drops_theirs() -
     assert emit(lines, "saga_app.cli", logging.WARNING, "waiting for the broker") is not None
 
 
+def test_a_dropped_connection_is_a_warning_said_once_not_an_error_per_channel() -> None:
+    lines = BrokerLines()
+    drop = emit(
+        lines, "aiormq.connection", logging.ERROR,
+        'Unexpected connection close from remote "%s", %r', "amqp://mq:5672/", "CONNECTION_FORCED",
+    )  # fmt: skip
+    echoes = [
+        emit(lines, "aiormq.connection", logging.WARNING,
+             "Cancelling cause reader exited abnormally: %r", "ConnectionClosed(320)"),
+        emit(lines, "aio_pika.tools", logging.ERROR, "Callback %r error: %s: %s",
+             "<OneShotCallback: cb=<bound method RobustChannel._on_close of <...>>>",
+             "RuntimeError", "<Connection: amqp://mq:5672/> closed"),
+    ]  # fmt: skip
+    other = emit(lines, "aio_pika.tools", logging.ERROR, "Callback %r error: %s", "cb", "KeyError")
+    assert drop is not None and drop.startswith("aiormq.connection: Unexpected connection close")
+    record = logging.LogRecord("aiormq.connection", logging.ERROR, __file__, 1,
+                               "Unexpected connection close from remote", None, None)  # fmt: skip
+    assert lines.filter(record) and (record.levelno, record.levelname) == (30, "WARNING")
+    assert echoes == [None, None]
+    assert other is not None  # a callback failing otherwise is still said, at its level
+
+
 @pytest.mark.timeout(60)
 def test_every_line_of_a_json_log_is_json_while_the_broker_is_away() -> None:
     env = {

@@ -50,6 +50,7 @@ def test_the_start_follows_the_pid_and_each_connection_of_a_process_moves_one_on
 class Recorded:
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.reconnect_callbacks: set[object] = set()  # Bus says when it is connected again
 
     async def __call__(self, url: str, **kwargs: Any) -> Any:
         self.calls.append((url, kwargs))

@@ -15,6 +15,7 @@ import pamqp.commands
 import pytest
 from aio_pika.abc import AbstractIncomingMessage
 
+from saga_shared.config import Settings
 from saga_shared.transport.bus import Bus, Item, refused_for_now, unroutable
 from saga_shared.transport.patience import publish_in_hand, worth_waiting
 
@@ -97,3 +98,38 @@ async def test_it_gives_up_once_the_delivery_cannot_be_settled() -> None:
     delivery.channel.is_closed = True
     bus = Refusing([NACK])
     assert await publish(bus, ["a"], [delivery]) == [NACK]
+
+
+class FakeChannel:
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class FakeConnection:
+    async def channel(self, **_: object) -> FakeChannel:
+        return FakeChannel()
+
+
+@pytest.mark.parametrize("which", ["_publisher", "_apart"])
+async def test_a_nacking_channel_is_left_for_a_new_one_and_a_return_keeps_it(which: str) -> None:
+    # RabbitMQ 3.10 keeps nacking every later publish of a channel once it nacked one: the
+    # batch's channel and the channel of publishes apart follow one rule (``_after_refusal``).
+    bus = Bus(Settings())
+    bus._connection = FakeConnection()  # type: ignore[assignment]
+    kept = FakeChannel()
+    setattr(bus, which, kept)
+    await bus._after_refusal(kept, [None, RETURN])  # type: ignore[arg-type]
+    assert getattr(bus, which) is kept and not kept.closed
+
+    await bus._after_refusal(kept, [None, NACK])
+    assert kept.closed
+    now = getattr(bus, which)
+    # The batch's channel is opened again at once; the one apart by the next publish apart.
+    assert (
+        (isinstance(now, FakeChannel) and now is not kept) if which == "_publisher" else now is None
+    )
+    await bus._after_refusal(kept, [NACK])
+    assert getattr(bus, which) is now
