@@ -19,8 +19,10 @@ explanation/design.md, "Two kinds of queue").
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -29,6 +31,7 @@ from typing import Any
 from aio_pika.abc import AbstractChannel, ExchangeType
 
 from saga_shared.config import Settings
+from saga_shared.errors import ConfigError
 from saga_shared.model.catalog import read_catalog
 
 SERVICES: tuple[str, ...] = ("inventory", "erp", "payments", "email")
@@ -350,16 +353,18 @@ class Topology:
         """A service's request queue: non-durable, so a node that goes down takes it away
         (publishes come back unroutable, and are sent again), where a durable classic queue would
         stay down with its node."""
-        queue = await channel.declare_queue(
-            self.request_queue(service), durable=False, arguments=self.request_queue_args()
-        )
+        with _transient_permitted():
+            queue = await channel.declare_queue(
+                self.request_queue(service), durable=False, arguments=self.request_queue_args()
+            )
         await queue.bind(self.actions_exchange, routing_key=self.request_key(service))
 
     async def declare_outcomes(self, channel: AbstractChannel, index: int) -> None:
         """A partition's outcome queue: non-durable, as a request queue."""
-        queue = await channel.declare_queue(
-            self.outcome_queue(index), durable=False, arguments=self.outcome_queue_args()
-        )
+        with _transient_permitted():
+            queue = await channel.declare_queue(
+                self.outcome_queue(index), durable=False, arguments=self.outcome_queue_args()
+            )
         await queue.bind(self.outcomes_exchange, routing_key=str(index))
 
     async def delete(self, channel: AbstractChannel) -> None:
@@ -368,3 +373,26 @@ class Topology:
             await channel.queue_delete(name)
         for name in self.all_exchanges():
             await channel.exchange_delete(name)
+
+
+# RabbitMQ 4.3 and later deny queues both non-durable and not exclusive unless a node's
+# rabbitmq.conf permits them, and close the whole connection on one (541 INTERNAL_ERROR).
+TRANSIENT_DENIED = "transient_nonexcl_queues"
+TRANSIENT_PERMIT = "deprecated_features.permit.transient_nonexcl_queues = true"
+
+
+@contextlib.contextmanager
+def _transient_permitted() -> Iterator[None]:
+    """A denial of the request and outcome queues, as a line naming the setting, instead of a
+    connection the robust client opens again only to be closed again."""
+    try:
+        yield
+    except Exception as exc:
+        if TRANSIENT_DENIED not in str(exc):
+            raise
+        raise ConfigError(
+            "RabbitMQ refused the request and outcome queues: they are non-durable and not "
+            f"exclusive ({TRANSIENT_DENIED}), which RabbitMQ 4.3 and later deny by default. Add "
+            f"`{TRANSIENT_PERMIT}` to rabbitmq.conf on every node and restart them "
+            '(see "Install" in the docs)'
+        ) from exc
