@@ -59,6 +59,7 @@ class Coordinator:
         self._published: list[int] = []  # outbox ids published, not yet deleted
         self._last_publish = 0.0
         self.watch = QueueWatch(settings, bus, store)
+        bus.on_reconnect(self.watch.look_now)
         self.ownership = Ownership(settings, database_url_for(settings, "coordinator"))
         self.sender = Sender(bus, self._on_confirmed, recover=self.watch.recover)
         most = settings.partitions * settings.partition_batch

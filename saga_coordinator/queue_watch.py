@@ -5,12 +5,13 @@ Request and outcome queues are classic and not durable (``Topology.request_queue
 them with what they held. AMQP tells a publisher nothing of it until a publish comes back
 unroutable (a request; an outcome goes to its partition's quorum queue instead, through the
 alternate exchange), and nothing at all when no publish comes; so every coordinator looks for
-them every ``SAGA_WATCHDOG_S`` (a passive declare each). For a request queue that is gone, as
-for a publish that came back, it declares the topology again, then hands each step whose request
-was out to that service a lost-marked ``saga.deadline`` through its order's partition (the
-outbox; the relay publishes). For an outcome queue, the same for every step of the partition's
-orders with a request out, whatever its service: its answer may have gone with the queue, and
-the request sent again brings it again (the service's key record answers it).
+them every ``SAGA_WATCHDOG_S`` (a passive declare each), and at once when its connection is
+made again after a drop (``look_now``: a broker restart deletes them). For a request queue that
+is gone, as for a publish that came back, it declares the topology again, then hands each step
+whose request was out to that service a lost-marked ``saga.deadline`` through its order's
+partition (the outbox; the relay publishes). For an outcome queue, the same for every step of
+the partition's orders with a request out, whatever its service: its answer may have gone with
+the queue, and the request sent again brings it again (the service's key record answers it).
 Two coordinators finding the same loss send two such messages for a step: the second finds its
 send number stale and is ignored. A coordinator taking partitions over does the same for their
 orders, every service (``resume``): the loss may have come while nobody watched.
@@ -19,6 +20,7 @@ orders, every service (``resume``): the loss may have come while nobody watched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from asyncio import current_task
 from collections.abc import Collection
@@ -44,6 +46,12 @@ class QueueWatch:
         self._owed: set[str] = set()
         # Partitions taken over whose running requests are not sent again yet.
         self._owed_partitions: set[int] = set()
+        self._now = asyncio.Event()  # look at once (``look_now``), not at the next interval
+
+    def look_now(self) -> None:
+        """Look before the next interval: the bus is connected again after a drop, and the
+        broker may have restarted meanwhile (its transient queues gone with what they held)."""
+        self._now.set()
 
     async def recover(self, services: Collection[str]) -> int:
         """``services``' request queues were found gone: declare them again, then send again
@@ -109,7 +117,9 @@ class QueueWatch:
         requests = {t.request_queue(s): s for s in t.services}
         outcomes = {t.outcome_queue(p): p for p in range(t.partitions)}
         while True:
-            await asyncio.sleep(self.settings.watchdog_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._now.wait(), self.settings.watchdog_s)
+            self._now.clear()
             try:
                 missing = set(await self.bus.missing([*requests, *outcomes]))
                 gone = {requests[q] for q in missing if q in requests} | self._owed

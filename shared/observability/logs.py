@@ -127,11 +127,11 @@ class BrokerLines(logging.Filter):
     # Said again for each channel of a dropped connection, or twice for one drop (the
     # connection's own line says it, and the channels come back with the connection): dropped.
     ECHOES = (
-        ("aio_pika.tools", "RobustChannel._on_close"),
-        ("aiormq.connection", "Cancelling cause reader exited abnormally"),
+        ("aio_pika.tools", ("RobustChannel._on_close", "error: RuntimeError: <Connection")),
+        ("aiormq.connection", ("Cancelling cause reader exited abnormally",)),
     )
     # An error the libraries recover from on their own (the robust connection reconnects).
-    RECOVERED = (("aiormq.connection", "Unexpected connection close from remote"),)
+    RECOVERED = (("aiormq.connection", ("Unexpected connection close from remote",)),)
 
     def __init__(self) -> None:
         super().__init__()
@@ -144,9 +144,9 @@ class BrokerLines(logging.Filter):
         if self.waiting:
             return False
         said = record.getMessage()
-        if any(record.name == name and part in said for name, part in self.ECHOES):
+        if _said(record.name, said, self.ECHOES):
             return False
-        if any(record.name == name and part in said for name, part in self.RECOVERED):
+        if _said(record.name, said, self.RECOVERED):
             record.levelno, record.levelname = logging.WARNING, "WARNING"
         if said.startswith("error when creating transport: "):
             self._error = said.removeprefix("error when creating transport: ")
@@ -160,6 +160,11 @@ class BrokerLines(logging.Filter):
             record.exc_text = None
         record.msg, record.args = said, None
         return True
+
+
+def _said(logger: str, said: str, lines: tuple[tuple[str, tuple[str, ...]], ...]) -> bool:
+    """Whether ``said`` by ``logger`` is one of ``lines`` (a logger and the parts it holds)."""
+    return any(logger == name and all(p in said for p in parts) for name, parts in lines)
 
 
 BROKER_LINES = BrokerLines()

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -80,6 +80,7 @@ class Bus:
         # (``saga_app.stack``, ``SAGA_HANDOFF=in-process``): requests and outcomes for them
         # are handed over here, never published.
         self.handoff: Handoff | None = None
+        self._reconnect_listeners: list[Callable[[], object]] = []
 
     def hand_over(self) -> Handoff:
         """Hand requests and outcomes to this process's own consumers from now on."""
@@ -97,10 +98,22 @@ class Bus:
         self._connection = await connect_cluster(
             self._connect_url, client_properties={"connection_name": name}
         )
-        self._connection.reconnect_callbacks.add(_connected_again)
+        self._connection.reconnect_callbacks.add(self._connected_again)
         self._publisher = await self._connection.channel(
             publisher_confirms=True, on_return_raises=True
         )
+
+    def on_reconnect(self, listener: Callable[[], object]) -> None:
+        """Call ``listener`` each time the connection is made again after a drop: what the
+        broker held meanwhile is unknown (a restart deletes the transient queues)."""
+        self._reconnect_listeners.append(listener)
+
+    def _connected_again(self, connection: AbstractRobustConnection | None) -> None:
+        # aio-pika says when a connection drops, not when it is back: the end of an outage. The
+        # URL is the node reached (on a cluster, maybe another than before).
+        log.info("connected to the broker again (%s)", masked(str(getattr(connection, "url", ""))))
+        for listener in self._reconnect_listeners:
+            listener()
 
     @property
     def connected(self) -> bool:
@@ -398,12 +411,6 @@ async def _close_quietly(channel: AbstractChannel) -> None:
     if not channel.is_closed:
         with contextlib.suppress(Exception):
             await channel.close()
-
-
-def _connected_again(connection: AbstractRobustConnection | None) -> None:
-    # aio-pika says when a connection drops, not when it is back: the end of an outage. The URL
-    # is the node reached (on a cluster, maybe another than before).
-    log.info("connected to the broker again (%s)", masked(str(getattr(connection, "url", ""))))
 
 
 def _is_a_publisher(bus: Bus) -> Publisher:

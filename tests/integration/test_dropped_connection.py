@@ -17,6 +17,7 @@ from saga_shared.client import SagaClient
 from saga_shared.config import Settings
 from saga_shared.transport.bus import Bus
 from saga_shared.transport.cluster_connection import connect_cluster
+from saga_shared.transport.topology import Topology
 from tests.integration.helpers import REFUND, Processes, remove_namespace
 
 
@@ -82,6 +83,33 @@ async def test_a_dropped_connection_is_one_warning_and_the_next_saga_runs(
     assert not [line for line in lines if " ERROR " in line], lines
     assert not [line for line in libraries if "RobustChannel._on_close" in line], lines
     assert proc.returncode == 0
+
+
+async def test_a_coordinator_connected_again_looks_for_lost_queues_at_once(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A broker restart deletes the request queues, and with them what they held: so a
+    coordinator whose connection is made again looks for them at once, without waiting for its
+    watch's next look (an hour here)."""
+    procs = Processes(settings, tmp_path)
+    gone = Topology.from_settings(settings).request_queue("inventory")
+    try:
+        proc = await procs.start("coordinator", SAGA_LOG_LEVEL="INFO", SAGA_WATCHDOG_S="3600")
+        log = tmp_path / "coordinator-0.log"
+        await until(lambda: "Ctrl-C to stop" in log.read_text())
+        async with Bus(settings) as bus:
+            assert not await bus.missing([gone])
+            channel = await bus.connection.channel()
+            await channel.queue_delete(gone)  # as a restart would
+            await channel.close()
+            assert await bus.missing([gone]) == [gone]
+            for pid, _ in connections_named(f"{socket.gethostname()}:{proc.pid}"):
+                drop(pid)
+            await until(lambda: "request queue(s) of inventory were gone" in log.read_text())
+            assert not await bus.missing([gone])
+    finally:
+        await procs.stop_all()
+        await remove_namespace(settings)
 
 
 async def test_a_connection_made_again_on_another_node_keeps_its_name(settings: Settings) -> None:

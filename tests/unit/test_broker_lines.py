@@ -69,12 +69,17 @@ def test_a_dropped_connection_is_a_warning_said_once_not_an_error_per_channel() 
              "RuntimeError", "<Connection: amqp://mq:5672/> closed"),
     ]  # fmt: skip
     other = emit(lines, "aio_pika.tools", logging.ERROR, "Callback %r error: %s", "cb", "KeyError")
+    restore = emit(
+        lines, "aio_pika.tools", logging.ERROR, "Callback %r error: %s: %s",
+        "<... RobustChannel._on_close ...>", "ChannelNotFoundEntity", "NOT_FOUND",
+    )  # fmt: skip
     assert drop is not None and drop.startswith("aiormq.connection: Unexpected connection close")
     record = logging.LogRecord("aiormq.connection", logging.ERROR, __file__, 1,
                                "Unexpected connection close from remote", None, None)  # fmt: skip
     assert lines.filter(record) and (record.levelno, record.levelname) == (30, "WARNING")
     assert echoes == [None, None]
     assert other is not None  # a callback failing otherwise is still said, at its level
+    assert restore is not None  # a channel failing to come back is not an echo
 
 
 @pytest.mark.timeout(60)

@@ -106,3 +106,20 @@ async def test_a_resend_the_database_refused_is_finished_by_the_next_look() -> N
 
     assert T.request_queue("inventory") in broker.queues
     assert [m[0] for m in marks(database)] == ["s1", "s2"]
+
+
+async def test_told_to_look_now_it_looks_without_waiting_for_its_interval() -> None:
+    # After a reconnection (Bus.on_reconnect): the broker may have restarted meanwhile.
+    database, broker = Database(), Broker()
+    lazy = QueueWatch(Settings(watchdog_s=3600.0), cast(Bus, broker), cast(Store, database))
+    task = asyncio.create_task(lazy.run())
+    await asyncio.sleep(0.05)
+    assert broker.declared == 0  # an hour to the first look
+    lazy.look_now()
+    for _ in range(100):
+        if broker.declared:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    assert broker.declared == 1
+    assert [m[0] for m in marks(database)] == ["s1", "s2"]
