@@ -34,9 +34,16 @@ COMPONENT_ROLES: tuple[Component, ...] = (
 COMMAND_ROLES: frozenset[Role] = frozenset({"agent", "ops", "person", "console"})
 
 
-def user_of_url(url: str) -> str | None:
+# The user aiormq logs in as when the URL names none (``aiormq.auth``, with password guest).
+DEFAULT_LOGIN = "guest"
+
+
+def user_of_url(url: str) -> str:
+    """The broker user a connection to ``url`` logs in as, which the broker holds every
+    message's ``user_id`` to: a URL without one (``amqp://host/``) logs in as guest, and its
+    commands stamped with no user were refused as forged, unanswered."""
     name = urlsplit(url).username
-    return unquote(name) if name else None
+    return unquote(name) if name else DEFAULT_LOGIN
 
 
 def with_credentials(url: str, user: str, password: str | None) -> str:

@@ -177,3 +177,19 @@ async def test_a_start_sent_again_after_its_saga_ended_is_told_its_outcome_at_on
         )  # fmt: skip
         assert code == 0, err  # not 3, "no outcome": its event went out before this process
         assert json.loads(out)["status"] == "completed"
+
+
+async def test_a_url_naming_no_user_logs_in_as_guest_and_its_commands_are_answered(
+    stack: Stack, settings: Settings, order_id: str
+) -> None:
+    """``SAGA_AMQP_URL=amqp://host/`` logs in as guest (aiormq's default): the CLI's commands
+    carry that user, where they carried none and every one was refused as forged, unanswered,
+    while `saga start` said it would run."""
+    bare = settings.amqp_url.replace("guest:guest@", "", 1)
+    assert "@" not in bare, "the test broker's URL is guest:guest's"
+    code, out, err, _ = await saga(
+        settings, "start", "refund", "--order", order_id, *PARAMS, "--wait", "30", "--json",
+        SAGA_AMQP_URL=bare,
+    )  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["status"] == "completed"

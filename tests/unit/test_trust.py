@@ -3,6 +3,7 @@ and what each role may do to a saga. All pure."""
 
 from __future__ import annotations
 
+import aio_pika
 import pytest
 
 from saga_coordinator.authority import may_act, may_decide_gate, may_send
@@ -11,6 +12,7 @@ from saga_shared.errors import InvalidMessage, PlanRejected
 from saga_shared.model.messages import ActionDone, ActionRequest, DeadlineReached, Sender
 from saga_shared.security import trust
 from saga_shared.security.identity import Directory, amqp_url_for, user_of_url, with_credentials
+from saga_shared.transport.bus import Bus
 from tests.unit.factories import AGENT, REFUND_PARAMS, Driver, real_catalog, start_named
 
 ROLES = Directory.from_settings(Settings(people="ana,dana", agents="bot-*,helper"))
@@ -133,6 +135,16 @@ def test_urls_get_each_roles_credentials_quoted(tmp_path: object) -> None:
     assert url == "amqps://a%40b:p%3A%2Fw@broker.example:5671/v?cafile=/ca.pem"
     assert user_of_url(url) == "a@b"
     assert amqp_url_for(Settings(identity="shared"), "anyone") == Settings().amqp_url
+
+
+def test_a_url_naming_no_user_stamps_the_user_it_logs_in_as() -> None:
+    # aiormq logs in as guest when the URL names no user; a message stamped with no user_id was
+    # refused as forged, unanswered.
+    assert user_of_url("amqp://127.0.0.1/") == "guest"
+    bare = Settings(amqp_url="amqp://127.0.0.1/", identity="shared")
+    bus = Bus(bare)
+    assert bus._stamped(aio_pika.Message(b"{}")).user_id == "guest"
+    assert trust.command_sender(Directory.from_settings(bare), bus.user) is not None
 
 
 def test_only_the_console_names_the_person_it_acts_for() -> None:
