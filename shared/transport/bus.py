@@ -93,8 +93,7 @@ class Bus:
         wire.install(self.settings.fast_frames)
         incoming.install(self.settings.fast_frames)
         # Which process holds the connection, as the broker's connection list shows it.
-        where = f"{socket.gethostname()}:{os.getpid()}"
-        name = " ".join(part for part in ("saga", self.user, where) if part)
+        name = f"saga {self.user} {socket.gethostname()}:{os.getpid()}"
         self._connection = await connect_cluster(
             self._connect_url, client_properties={"connection_name": name}
         )

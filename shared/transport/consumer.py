@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -19,6 +18,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from saga_shared.observability import metrics
 from saga_shared.observability.flow import FLOW
+from saga_shared.transport.backoff import Backoff
 from saga_shared.transport.delivery import (
     Acks,
     BatchHandler,
@@ -139,30 +139,6 @@ async def consume(
             )  # fmt: skip
             await subscription.run(together, max_batch, depth)
             raise ConsumerLost(f"the consumer of {queue_name} stopped")
-
-
-class Backoff:
-    """How long to wait before subscribing again: 0.2 s, doubling up to 5 s while subscribing
-    keeps failing (the broker away, the queue not declared again yet), and 0.2 s again after a
-    subscription that ran for ``ran_s``. tenacity's own exponential wait counts every attempt
-    of the consumer's life: a process that had lost its consumer five times waited 5 s after
-    every later loss."""
-
-    def __init__(self, ran_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ran_s = ran_s
-        self.clock = clock
-        self._since = clock()
-        self._failed = 0  # subscriptions in a row that did not run for ``ran_s``
-
-    def subscribing(self) -> None:
-        self._since = self.clock()
-
-    def __call__(self, _: RetryCallState) -> float:
-        if self.clock() - self._since >= self.ran_s:
-            self._failed = 0
-        wait = min(0.2 * 2.0 ** min(self._failed, 5), 5.0)  # no overflow after hours away
-        self._failed += 1
-        return wait
 
 
 class _Subscription:
@@ -352,26 +328,39 @@ class _Subscription:
                 taker = handoff.attach(name, tag, self.take_here) if handoff else None
                 if taker is not None:
                     takers.append(taker)
-            # The broker's cancel (its queue deleted, its node gone) wakes the watchdog at once;
-            # the look every ``watchdog_s`` stays for what says nothing (a closed channel).
-            cancelled = asyncio.Event()
-            underlay = await channel.get_underlay_channel()
-            on_cancel = getattr(underlay, "on_consumer_cancel_callbacks", None)
-            if on_cancel is not None:
-                on_cancel.add(lambda _frame: cancelled.set())
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(cancelled.wait(), self.bus.settings.watchdog_s)
-                cancelled.clear()
-                underlay = await channel.get_underlay_channel()
-                consumers = getattr(underlay, "consumers", None)
-                for tag, queue in tags.items():
-                    if consumers is not None and tag not in consumers:
-                        raise ConsumerLost(f"the broker cancelled the consumer of {queue.name}")
-                if worker is not None and worker.done():
-                    worker.result()
+            await self._watch(channel, tags, worker)
         finally:
             await self._wind_down(channel, tags, worker, takers)
+
+    async def _watch(
+        self,
+        channel: AbstractChannel,
+        tags: dict[str, AbstractQueue],
+        worker: asyncio.Task[None] | None,
+    ) -> None:
+        """Raise once the broker has cancelled a consumer of ``channel`` or the worker failed.
+        The broker's cancel (its queue deleted, its node gone) wakes this at once; the look
+        every ``watchdog_s`` stays for what says nothing (a channel closed with its
+        connection)."""
+        cancelled = asyncio.Event()
+        heard: object = None  # the channel under ours that tells ``cancelled``
+        while True:
+            underlay = await channel.get_underlay_channel()
+            if underlay is not heard:  # aio-pika restored the channel on a new one
+                on_cancel = getattr(underlay, "on_consumer_cancel_callbacks", None)
+                if on_cancel is not None:
+                    on_cancel.add(lambda _frame: cancelled.set())
+                heard = underlay
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cancelled.wait(), self.bus.settings.watchdog_s)
+            cancelled.clear()
+            underlay = await channel.get_underlay_channel()
+            consumers = getattr(underlay, "consumers", None)
+            for tag, queue in tags.items():
+                if consumers is not None and tag not in consumers:
+                    raise ConsumerLost(f"the broker cancelled the consumer of {queue.name}")
+            if worker is not None and worker.done():
+                worker.result()
 
     async def _wind_down(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from saga_shared.transport.consumer import Backoff
+from saga_shared.transport.backoff import Backoff
 
 
 class Clock:
