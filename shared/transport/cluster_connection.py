@@ -21,6 +21,8 @@ import aio_pika
 from aio_pika.abc import AbstractRobustConnection
 from aio_pika.exceptions import CONNECTION_EXCEPTIONS
 from aio_pika.robust_connection import RobustConnection
+from aiormq.exceptions import AMQPConnectionError, InvalidFrameError
+from pamqp import commands as spec
 from yarl import URL
 
 from saga_shared.addresses import one_per_host
@@ -75,11 +77,49 @@ class ClusterConnection(RobustConnection):
         raise failed
 
 
+class VhostRefused(AMQPConnectionError):
+    """The broker closed the connection as it opened it: the URL's virtual host does not exist,
+    its user may not use it, or a connection limit is reached. aiormq says only "Expected one
+    of ['Connection.OpenOk'], got <Connection.Close object at 0x...>"."""
+
+    def __repr__(self) -> str:  # what the waiting start logs: the sentence, not its tuple
+        return f"<VhostRefused: {self}>"
+
+
+def _refusal(exc: InvalidFrameError, url: str) -> VhostRefused | None:
+    """What the broker said, from the ``Connection.Close`` aiormq's message leaves out (it is
+    in the traceback, where aiormq compared it with what it expected)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame.f_locals.get("frame")
+        if isinstance(frame, spec.Connection.Close):
+            parts = URL(url)
+            vhost = parts.path[1:] or "/"
+            return VhostRefused(
+                f"the broker refused to open virtual host {vhost!r} for user "
+                f"{parts.user or 'guest'!r} ({frame.reply_code} {frame.reply_text}): create it, "
+                "or give the user its permissions (`saga setup` does both)"
+            )
+        tb = tb.tb_next
+    return None
+
+
 async def connect_cluster(
     url: str, *, start: int | None = None, **kwargs: Any
 ) -> AbstractRobustConnection:
     """``aio_pika.connect_robust`` for a URL naming one node or several; with several, the
-    node at ``start`` (default: ``start_offset()``) first, then the ones after it, round."""
+    node at ``start`` (default: ``start_offset()``) first, then the ones after it, round. A
+    virtual host the broker refuses is said as such (``VhostRefused``)."""
+    try:
+        return await _connect(url, start, **kwargs)
+    except InvalidFrameError as exc:
+        refused = _refusal(exc, one_per_host(url)[0])
+        if refused is None:
+            raise
+        raise refused from None
+
+
+async def _connect(url: str, start: int | None, **kwargs: Any) -> AbstractRobustConnection:
     nodes = one_per_host(url)
     connection: AbstractRobustConnection
     if len(nodes) == 1:

@@ -150,6 +150,19 @@ async def test_cli_start_with_no_broker_exits_1_naming_the_url(settings: Setting
     assert "nothing was sent" in lines[0]
 
 
+async def test_cli_start_to_a_virtual_host_the_broker_refuses_says_so_in_one_line(
+    settings: Settings,
+) -> None:
+    # aiormq said only "Expected one of ['Connection.OpenOk'], got <Connection.Close ...>".
+    vhost = f"no-such-vhost-{uuid.uuid4().hex[:6]}"
+    elsewhere = settings.with_(amqp_url=settings.amqp_url.rstrip("/") + f"/{vhost}")
+    code, out, err, _ = await saga(elsewhere, "start", "refund", "--order", "X-2", *PARAMS)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert (code, out, len(lines)) == (1, "", 1), err
+    assert f"refused to open virtual host {vhost!r}" in lines[0]
+    assert "NOT_ALLOWED" in lines[0] and "nothing was sent" in lines[0]
+
+
 async def test_dlq_replay_of_an_order_reaches_the_desk(
     stack: Stack, settings: Settings, order_id: str
 ) -> None:
