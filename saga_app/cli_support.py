@@ -164,6 +164,10 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         raise click.ClickException(
             f"{exc} ({_where('database_url')}): run `saga migrate`, which creates it"
         ) from None
+    except asyncpg.UndefinedTableError as exc:  # a database no `saga migrate` has been run on
+        raise click.ClickException(
+            f"{exc} ({_where('database_url')}): run `saga migrate` to create the tables"
+        ) from None
     except AMQPConnectionError as exc:
         raise click.ClickException(f"cannot reach RabbitMQ ({_where('amqp_url')}): {exc}") from None
     except OSError as exc:  # asyncpg's connection errors are the OS's

@@ -13,10 +13,13 @@ import asyncio
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import click
 import pytest
 
@@ -302,3 +305,28 @@ async def test_every_command_refuses_bad_input_in_one_line_without_a_traceback(
     assert not report, f"{len(report)} of {len(cases)} cases:\n" + "\n".join(report)
     slowest = max(ended, key=lambda pair: pair[1].seconds)
     print(f"{len(cases)} cases in {took:.0f} s; slowest {slowest[0]} {slowest[1].seconds:.1f} s")
+
+
+async def test_a_database_no_migration_ran_on_says_run_saga_migrate(settings: Settings) -> None:
+    """A `SAGA_DATABASE_URL` naming a database that exists but holds no tables (created by
+    hand, `saga migrate` never run): each reading command says what to run, where it said
+    "UndefinedTableError: relation "sagas" does not exist"."""
+    parts = urlsplit(settings.database_url)
+    name = f"empty_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(urlunsplit(parts._replace(path="/postgres")))
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        empty = urlunsplit(parts._replace(path=f"/{name}"))
+        env = {**saga_env(settings), "SAGA_DATABASE_URL": empty, "NO_COLOR": "1"}
+        for args in (["list"], ["dlq", "list"], ["show", "s-1"], ["rejections"]):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "saga_app.cli", *args, env=env,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            _, err = await asyncio.wait_for(proc.communicate(), LIMIT_S)
+            lines = [line for line in err.decode().splitlines() if line.strip()]
+            assert (proc.returncode, len(lines)) == (1, 1), (args, err.decode())
+            assert "run `saga migrate`" in lines[0] and name in lines[0], (args, lines)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
