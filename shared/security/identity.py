@@ -60,7 +60,7 @@ class Directory:
     prefix: str
     agents: tuple[str, ...]
     people: frozenset[str]
-    shared_user: str | None = None
+    shared_user: str = DEFAULT_LOGIN  # the one account of ``shared`` mode
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Directory:
@@ -80,14 +80,14 @@ class Directory:
     def user(self, role: Component) -> str:
         """The broker user a component of this role connects as."""
         if self.mode == "shared":
-            return self.shared_user or "guest"
+            return self.shared_user
         return f"{self.prefix}{role}"
 
     @property
     def agent_user(self) -> str:
         """The first agent account named in full (the demo and the benchmark act as it)."""
         if self.mode == "shared":
-            return self.shared_user or "guest"
+            return self.shared_user
         return next((a for a in self.agents if "*" not in a), f"{self.prefix}agent")
 
     def role_of(self, user: str | None) -> Role | None:

@@ -26,6 +26,7 @@ from pamqp import commands as spec
 from yarl import URL
 
 from saga_shared.addresses import one_per_host
+from saga_shared.security.identity import user_of_url
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -93,11 +94,10 @@ def _refusal(exc: InvalidFrameError, url: str) -> VhostRefused | None:
     while tb is not None:
         frame = tb.tb_frame.f_locals.get("frame")
         if isinstance(frame, spec.Connection.Close):
-            parts = URL(url)
-            vhost = parts.path[1:] or "/"
+            vhost = URL(url).path[1:] or "/"
             return VhostRefused(
                 f"the broker refused to open virtual host {vhost!r} for user "
-                f"{parts.user or 'guest'!r} ({frame.reply_code} {frame.reply_text}): create it, "
+                f"{user_of_url(url)!r} ({frame.reply_code} {frame.reply_text}): create it, "
                 "or give the user its permissions (`saga setup` does both)"
             )
         tb = tb.tb_next

@@ -344,9 +344,9 @@ class _Subscription:
         connection)."""
         cancelled = asyncio.Event()
         heard: object = None  # the channel under ours that tells ``cancelled``
+        underlay = await channel.get_underlay_channel()
         while True:
-            underlay = await channel.get_underlay_channel()
-            if underlay is not heard:  # aio-pika restored the channel on a new one
+            if underlay is not heard:  # the first, or aio-pika restored ours on a new one
                 on_cancel = getattr(underlay, "on_consumer_cancel_callbacks", None)
                 if on_cancel is not None:
                     on_cancel.add(lambda _frame: cancelled.set())
